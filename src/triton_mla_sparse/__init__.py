@@ -1,0 +1,12 @@
+"""triton-mla-sparse: portable Triton sparse MLA attention for DeepSeek-Sparse-Attention models.
+
+Importing the package touches neither CUDA nor triton; the kernels are imported on first use.
+"""
+
+from . import reference
+from .api import sparse_mla_attention
+from .formats import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
+from .slots import topk_to_slots
+
+__version__ = "0.1.0"
+__all__ = ["sparse_mla_attention", "quantize_fp8_ds_mla", "dequantize_fp8_ds_mla", "topk_to_slots", "reference"]

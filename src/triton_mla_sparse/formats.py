@@ -1,0 +1,112 @@
+"""KV-cache row formats for absorbed MLA.
+
+Every cache row holds one token's latent (``D_V = 512`` values, also used as V) followed by its RoPE key part
+(``D_ROPE = 64`` values, or none for NoPE models):
+
+========== ====================== ==============================================================================
+format      torch dtype / row      layout of one row
+========== ====================== ==============================================================================
+``bf16``    bfloat16 × D_qk        ``[latent 512 | rope 64]``
+``fp16``    float16 × D_qk         ``[latent 512 | rope 64]``
+``fp8_e4m3`` float8_e4m3fn × D_qk  ``[latent 512 | rope 64]``; real value = stored · ``k_scale`` (one per layer)
+``fp8_ds_mla`` uint8 × 656         bytes 0–511: 512 e4m3 latent values; 512–527: four float32 scales, scale i
+                                   covers latent values [128·i, 128·i + 128); 528–655: 64 bfloat16 rope values
+========== ====================== ==============================================================================
+"""
+
+from __future__ import annotations
+
+import torch
+
+D_V = 512
+D_ROPE = 64
+D_QK = D_V + D_ROPE
+FP8_DS_MLA_TILE = 128
+FP8_DS_MLA_TILES = D_V // FP8_DS_MLA_TILE
+FP8_DS_MLA_BYTES = D_V + 4 * FP8_DS_MLA_TILES + 2 * D_ROPE  # 656
+FP8_E4M3_MAX = 448.0
+
+KV_FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
+KV_FORMAT_DTYPES = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_ds_mla": torch.uint8,
+}
+_SCALE_FORMATS = ("pow2", "fp32")
+
+
+def infer_kv_format(kv_cache: torch.Tensor) -> str | None:
+    """The format implied by a cache tensor's dtype (None when no format matches)."""
+    for name, dtype in KV_FORMAT_DTYPES.items():
+        if kv_cache.dtype == dtype:
+            return name
+    return None
+
+
+def kv_row_width(kv_format: str, d_rope: int = D_ROPE) -> int:
+    """Elements per cache row (bytes for ``fp8_ds_mla``)."""
+    if kv_format == "fp8_ds_mla":
+        return FP8_DS_MLA_BYTES
+    return D_V + d_rope
+
+
+def quantize_fp8_ds_mla(kv: torch.Tensor, *, scale_format: str = "pow2") -> torch.Tensor:
+    """Pack ``kv [..., 576]`` (any float dtype) into the 656-byte ``fp8_ds_mla`` row format.
+
+    Each 128-wide tile of the latent gets one float32 scale ``amax / 448``; ``scale_format="pow2"`` rounds it up to
+    a power of two (DeepSeek's writers), ``"fp32"`` keeps it as is (GLM's writers). A tile whose amax is 0 (or whose
+    scale would underflow) gets scale 1.0, so all-zero rows stay exactly zero and never produce NaN/inf. The RoPE
+    part is stored as bfloat16. Returns uint8 ``[..., 656]`` on kv's device.
+    """
+    if not isinstance(kv, torch.Tensor) or not kv.is_floating_point():
+        raise ValueError(f"kv: expected a floating-point tensor [..., {D_QK}], got {_describe(kv)}")
+    if kv.dim() < 1 or kv.shape[-1] != D_QK:
+        raise ValueError(f"kv: expected last dimension {D_QK} (latent 512 + rope 64), got shape {tuple(kv.shape)}")
+    if scale_format not in _SCALE_FORMATS:
+        raise ValueError(f"scale_format: expected one of {_SCALE_FORMATS}, got {scale_format!r}")
+    lead = kv.shape[:-1]
+    x = kv.reshape(-1, D_QK).float()
+    latent = x[:, :D_V].reshape(-1, FP8_DS_MLA_TILES, FP8_DS_MLA_TILE)
+    amax = latent.abs().amax(dim=-1)
+    scale = amax / FP8_E4M3_MAX
+    if scale_format == "pow2":
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    scale = torch.where((scale > 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
+    q = (latent / scale[..., None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    packed = torch.empty(x.shape[0], FP8_DS_MLA_BYTES, dtype=torch.uint8, device=kv.device)
+    packed[:, :D_V] = q.reshape(-1, D_V).view(torch.uint8)
+    packed[:, D_V : D_V + 16] = scale.contiguous().view(torch.uint8)
+    packed[:, D_V + 16 :] = x[:, D_V:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    return packed.reshape(*lead, FP8_DS_MLA_BYTES)
+
+
+def unpack_fp8_ds_mla(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split packed rows into (e4m3 latent [..., 512], float32 scales [..., 4], bf16 rope [..., 64])."""
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8 or packed.shape[-1:] != (FP8_DS_MLA_BYTES,):
+        raise ValueError(f"packed: expected uint8 [..., {FP8_DS_MLA_BYTES}], got {_describe(packed)}")
+    rows = packed.reshape(-1, FP8_DS_MLA_BYTES)
+    lead = packed.shape[:-1]
+    latent = rows[:, :D_V].contiguous().view(torch.float8_e4m3fn).reshape(*lead, D_V)
+    scales = rows[:, D_V : D_V + 16].contiguous().view(torch.float32).reshape(*lead, FP8_DS_MLA_TILES)
+    rope = rows[:, D_V + 16 :].contiguous().view(torch.bfloat16).reshape(*lead, D_ROPE)
+    return latent, scales, rope
+
+
+def dequantize_fp8_ds_mla_float(packed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Unpack to ``dtype [..., 576]`` with the latent computed as e4m3 · scale in float32 (no bf16 rounding)."""
+    latent, scales, rope = unpack_fp8_ds_mla(packed)
+    lat = latent.float().reshape(*latent.shape[:-1], FP8_DS_MLA_TILES, FP8_DS_MLA_TILE) * scales.float()[..., None]
+    return torch.cat([lat.reshape(*latent.shape[:-1], D_V), rope.float()], dim=-1).to(dtype)
+
+
+def dequantize_fp8_ds_mla(packed: torch.Tensor) -> torch.Tensor:
+    """Unpack ``fp8_ds_mla`` rows to bfloat16 ``[..., 576]``: latent = e4m3 · scale (rounded once to bf16), rope as
+    stored."""
+    return dequantize_fp8_ds_mla_float(packed, torch.float32).to(torch.bfloat16)
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
+    return type(x).__name__

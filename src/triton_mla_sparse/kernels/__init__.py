@@ -1,0 +1,1 @@
+"""Triton kernels. Importing this package imports triton (set TRITON_INTERPRET before, to run on a CPU)."""

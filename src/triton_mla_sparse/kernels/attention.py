@@ -1,0 +1,272 @@
+"""Triton kernels for sparse MLA attention.
+
+One program handles one query row, a block of ``BLOCK_H`` heads and a range of that row's top-k list. Per step it
+gathers ``BLOCK_N`` cache rows through the slot ids, dequantises them in registers (bf16/fp16 as stored, fp8 by a
+bit-cast and a scale), computes the scores for all heads of the block with tensor-core dots over the 512 latent +
+64 RoPE dims, runs an online softmax in base 2 and accumulates ``p · V`` (V = the same latent rows) into four
+``[BLOCK_H, 128]`` float32 tiles. All heads of a row share one gather, so a cache row is read once per row and
+head block, not once per 16 heads.
+
+* prefill mode (``SPLIT=False``): the program covers the row's whole list and writes the final output and lse.
+* decode mode (``SPLIT=True``): the list is split across ``num_splits`` programs that write float32 partial
+  outputs and base-2 lse values; :func:`_combine_kernel` merges them with an exact log-sum-exp merge.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# kv_format codes (constexpr)
+FMT_NATIVE = 0  # bf16 / fp16 rows, loaded as stored
+FMT_FP8 = 1  # float8_e4m3fn rows (passed as uint8), one per-tensor scale
+FMT_FP8_DS_MLA = 2  # 656-byte rows: 512 e4m3 + 4 float32 tile scales + 64 bf16 rope
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _load_latent_chunk(p_row, o_c, m_n, C: tl.constexpr, FMT: tl.constexpr, CONVERT: tl.constexpr,
+                       dt: tl.constexpr):
+    """Latent values [C*128, C*128+128) of the gathered rows as ``dt`` [BLOCK_N, 128]; invalid rows give 0."""
+    p = p_row[:, None] + (C * 128 + o_c)[None, :]
+    if FMT == 2:
+        raw = tl.load(p, mask=m_n[:, None], other=0)
+        scale = tl.load((p_row + 512).to(tl.pointer_type(tl.float32)) + C, mask=m_n, other=0.0)
+        vals = (raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]).to(dt)
+    elif FMT == 1:
+        raw = tl.load(p, mask=m_n[:, None], other=0)
+        vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(dt)
+    elif CONVERT:
+        vals = tl.load(p, mask=m_n[:, None], other=0.0).to(tl.float32).to(dt)
+    else:
+        vals = tl.load(p, mask=m_n[:, None], other=0.0)
+    return vals
+
+
+@triton.jit
+def _load_rope(p_row, o_r, m_n, FMT: tl.constexpr, CONVERT: tl.constexpr, dt: tl.constexpr):
+    """RoPE part of the gathered rows as ``dt`` [BLOCK_N, 64]."""
+    if FMT == 2:
+        p = (p_row + 528).to(tl.pointer_type(tl.bfloat16))[:, None] + o_r[None, :]
+        vals = tl.load(p, mask=m_n[:, None], other=0.0).to(tl.float32).to(dt)
+    elif FMT == 1:
+        raw = tl.load(p_row[:, None] + (512 + o_r)[None, :], mask=m_n[:, None], other=0)
+        vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(dt)
+    elif CONVERT:
+        vals = tl.load(p_row[:, None] + (512 + o_r)[None, :], mask=m_n[:, None], other=0.0).to(tl.float32).to(dt)
+    else:
+        vals = tl.load(p_row[:, None] + (512 + o_r)[None, :], mask=m_n[:, None], other=0.0)
+    return vals
+
+
+@triton.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len"])
+def _sparse_mla_fwd_kernel(
+    q_nope_ptr, q_pe_ptr, kv_ptr, idx_ptr, topk_len_ptr, sink_ptr, k_scale_ptr, out_ptr, lse_ptr,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+    stride_kv_blk, stride_kv_row,
+    stride_idx_t, stride_idx_k,
+    stride_o_t, stride_o_s, stride_o_h,
+    stride_l_t, stride_l_s, stride_l_h,
+    T, H, topk, num_slots, block_size, num_splits, split_len,
+    sm_scale_log2, k_scale,
+    FMT: tl.constexpr, CONVERT: tl.constexpr, HAS_ROPE: tl.constexpr,
+    HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, K_SCALE_PTR: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    i_ts = tl.program_id(0)
+    i_hb = tl.program_id(1)
+    i_t = (i_ts // num_splits).to(tl.int64)
+    i_s = i_ts % num_splits
+    dt = q_nope_ptr.dtype.element_ty
+
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    o_c = tl.arange(0, 128)
+    o_r = tl.arange(0, 64)
+    o_n = tl.arange(0, BLOCK_N)
+
+    # q for this row and head block: four latent chunks and the rope part, kept in registers.
+    p_q = q_nope_ptr + i_t * stride_qn_t + o_h[:, None].to(tl.int64) * stride_qn_h
+    b_q0 = tl.load(p_q + (0 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
+    b_q1 = tl.load(p_q + (1 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
+    b_q2 = tl.load(p_q + (2 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
+    b_q3 = tl.load(p_q + (3 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
+    if HAS_ROPE:
+        p_qr = q_pe_ptr + i_t * stride_qp_t + o_h[:, None].to(tl.int64) * stride_qp_h + o_r[None, :]
+        b_qr = tl.load(p_qr, mask=m_h[:, None], other=0.0)
+
+    # This program's part of the row's list.
+    n_row = topk
+    if HAS_TOPK_LEN:
+        n_row = tl.minimum(tl.maximum(tl.load(topk_len_ptr + i_t), 0), topk)
+    n_start = i_s * split_len
+    n_end = tl.minimum(n_start + split_len, n_row)
+
+    b_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([BLOCK_H], dtype=tl.float32)
+    b_a0 = tl.zeros([BLOCK_H, 128], dtype=tl.float32)
+    b_a1 = tl.zeros([BLOCK_H, 128], dtype=tl.float32)
+    b_a2 = tl.zeros([BLOCK_H, 128], dtype=tl.float32)
+    b_a3 = tl.zeros([BLOCK_H, 128], dtype=tl.float32)
+    qk_scale = sm_scale_log2
+    if FMT == 1:
+        if K_SCALE_PTR:
+            k_scale = tl.load(k_scale_ptr)
+        qk_scale = qk_scale * k_scale
+
+    for n0 in range(n_start, n_end, BLOCK_N):
+        o_k = n0 + o_n
+        m_k = o_k < n_end
+        b_idx = tl.load(idx_ptr + i_t * stride_idx_t + o_k.to(tl.int64) * stride_idx_k, mask=m_k, other=-1)
+        m_n = m_k & (b_idx >= 0) & (b_idx < num_slots)
+        b_idx = tl.where(m_n, b_idx, 0)
+        i_blk = b_idx // block_size
+        i_off = b_idx - i_blk * block_size
+        p_row = kv_ptr + i_blk.to(tl.int64) * stride_kv_blk + i_off.to(tl.int64) * stride_kv_row
+
+        b_k0 = _load_latent_chunk(p_row, o_c, m_n, 0, FMT, CONVERT, dt)
+        b_k1 = _load_latent_chunk(p_row, o_c, m_n, 1, FMT, CONVERT, dt)
+        b_k2 = _load_latent_chunk(p_row, o_c, m_n, 2, FMT, CONVERT, dt)
+        b_k3 = _load_latent_chunk(p_row, o_c, m_n, 3, FMT, CONVERT, dt)
+        b_s = tl.dot(b_q0, tl.trans(b_k0))
+        b_s = tl.dot(b_q1, tl.trans(b_k1), b_s)
+        b_s = tl.dot(b_q2, tl.trans(b_k2), b_s)
+        b_s = tl.dot(b_q3, tl.trans(b_k3), b_s)
+        if HAS_ROPE:
+            b_kr = _load_rope(p_row, o_r, m_n, FMT, CONVERT, dt)
+            b_s = tl.dot(b_qr, tl.trans(b_kr), b_s)
+        b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+
+        b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+        b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_alpha = tl.exp2(b_m - b_m_use)
+        b_p = tl.exp2(b_s - b_m_use[:, None])
+        b_l = b_l * b_alpha + tl.sum(b_p, 1)
+        b_pc = b_p.to(dt)
+        b_a0 = tl.dot(b_pc, b_k0, b_a0 * b_alpha[:, None])
+        b_a1 = tl.dot(b_pc, b_k1, b_a1 * b_alpha[:, None])
+        b_a2 = tl.dot(b_pc, b_k2, b_a2 * b_alpha[:, None])
+        b_a3 = tl.dot(b_pc, b_k3, b_a3 * b_alpha[:, None])
+        b_m = b_m_new
+
+    # Normalise; an empty range (no valid entry) gives 0 and lse -inf.
+    b_inv = tl.where(b_l > 0, 1.0 / b_l, 0.0)
+    if FMT == 1:
+        b_inv = b_inv * k_scale
+    b_lse2 = tl.where(b_l > 0, b_m + tl.log2(b_l), float("-inf"))
+    if SPLIT:
+        b_f = b_inv
+        p_o = out_ptr + i_t * stride_o_t + i_s.to(tl.int64) * stride_o_s + o_h[:, None].to(tl.int64) * stride_o_h
+        tl.store(lse_ptr + i_t * stride_l_t + i_s.to(tl.int64) * stride_l_s + o_h * stride_l_h, b_lse2, mask=m_h)
+    else:
+        if HAS_SINK:
+            b_sink = tl.load(sink_ptr + o_h, mask=m_h, other=0.0)
+            # exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + exp(sink - lse)); 0 when lse = -inf.
+            b_inv = b_inv / (1.0 + tl.exp2(b_sink * 1.4426950408889634 - b_lse2))
+        b_f = b_inv
+        p_o = out_ptr + i_t * stride_o_t + o_h[:, None].to(tl.int64) * stride_o_h
+        tl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
+    ty = out_ptr.dtype.element_ty
+    tl.store(p_o + (0 * 128 + o_c)[None, :], (b_a0 * b_f[:, None]).to(ty), mask=m_h[:, None])
+    tl.store(p_o + (1 * 128 + o_c)[None, :], (b_a1 * b_f[:, None]).to(ty), mask=m_h[:, None])
+    tl.store(p_o + (2 * 128 + o_c)[None, :], (b_a2 * b_f[:, None]).to(ty), mask=m_h[:, None])
+    tl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * b_f[:, None]).to(ty), mask=m_h[:, None])
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _combine_kernel(
+    part_o_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr,
+    stride_po_t, stride_po_s, stride_po_h, stride_pl_t, stride_pl_s, stride_pl_h,
+    stride_o_t, stride_o_h, stride_l_t, stride_l_h,
+    H, num_splits,
+    HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Merge the float32 partials of one row and block of heads: lse = log2-sum-exp2 over splits, out =
+    Σ_s 2^(lse_s - lse) · o_s (empty splits carry lse -inf and o 0)."""
+    i_t = tl.program_id(0).to(tl.int64)
+    i_hb = tl.program_id(1)
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    o_d = tl.arange(0, 512)
+    b_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    for i_s in range(0, num_splits):
+        b_ls = tl.load(part_lse_ptr + i_t * stride_pl_t + i_s * stride_pl_s + o_h * stride_pl_h, mask=m_h,
+                       other=float("-inf"))
+        b_m = tl.maximum(b_m, b_ls)
+    b_m_use = tl.where(b_m == float("-inf"), 0.0, b_m)
+    b_w = tl.zeros([BLOCK_H], dtype=tl.float32)
+    b_acc = tl.zeros([BLOCK_H, 512], dtype=tl.float32)
+    for i_s in range(0, num_splits):
+        b_ls = tl.load(part_lse_ptr + i_t * stride_pl_t + i_s * stride_pl_s + o_h * stride_pl_h, mask=m_h,
+                       other=float("-inf"))
+        b_ws = tl.exp2(b_ls - b_m_use)
+        p_po = part_o_ptr + i_t * stride_po_t + i_s * stride_po_s + o_h[:, None].to(tl.int64) * stride_po_h
+        b_o = tl.load(p_po + o_d[None, :], mask=m_h[:, None] & (b_ws > 0)[:, None], other=0.0)
+        b_acc += b_o * b_ws[:, None]
+        b_w += b_ws
+    b_lse2 = tl.where(b_w > 0, b_m_use + tl.log2(b_w), float("-inf"))
+    b_inv = tl.where(b_w > 0, 1.0 / b_w, 0.0)
+    if HAS_SINK:
+        b_sink = tl.load(sink_ptr + o_h, mask=m_h, other=0.0)
+        b_inv = b_inv / (1.0 + tl.exp2(b_sink * 1.4426950408889634 - b_lse2))
+    p_o = out_ptr + i_t * stride_o_t + o_h[:, None].to(tl.int64) * stride_o_h + o_d[None, :]
+    tl.store(p_o, (b_acc * b_inv[:, None]).to(out_ptr.dtype.element_ty), mask=m_h[:, None])
+    tl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
+
+
+_FMT_CODES = {"bf16": FMT_NATIVE, "fp16": FMT_NATIVE, "fp8_e4m3": FMT_FP8, "fp8_ds_mla": FMT_FP8_DS_MLA}
+
+
+def launch_sparse_mla(p, cfg, out, lse):
+    """Launch the kernel(s) of ``cfg`` for the validated problem ``p`` (an ``AttentionProblem``), writing ``out``
+    [T, H, 512] and ``lse`` [T, H] float32. No host synchronisation; the decode kernel allocates its float32
+    workspace of T · splits · H · 513 values."""
+    import torch
+
+    T, H = p.T, p.H
+    kv = p.kv
+    if p.kv_format in ("fp8_e4m3",):
+        kv = kv.view(torch.uint8)
+    fmt = _FMT_CODES[p.kv_format]
+    q_nope = p.q_nope
+    q_pe = p.q_pe if p.q_pe is not None else q_nope
+    has_rope = p.q_pe is not None
+    convert = fmt == FMT_NATIVE and kv.dtype != q_nope.dtype
+    k_scale_ptr = isinstance(p.k_scale, torch.Tensor)
+    k_scale_t = p.k_scale if k_scale_ptr else q_nope  # dummy pointer when unused
+    k_scale_f = float(p.k_scale) if (p.k_scale is not None and not k_scale_ptr) else 1.0
+    topk_len = p.topk_length if p.topk_length is not None else p.indices
+    sink = p.attn_sink if p.attn_sink is not None else lse
+    n_hb = triton.cdiv(H, cfg.block_h)
+    common = dict(
+        FMT=fmt, CONVERT=convert, HAS_ROPE=has_rope, HAS_TOPK_LEN=p.topk_length is not None,
+        HAS_SINK=p.attn_sink is not None, K_SCALE_PTR=k_scale_ptr,
+        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    args = (q_nope, q_pe, kv, p.indices, topk_len, sink, k_scale_t)
+    qstrides = (q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+                kv.stride(0), kv.stride(1), p.indices.stride(0), p.indices.stride(1))
+    sizes = (T, H, p.topk, p.num_slots, p.block_size)
+    scales = (p.softmax_scale * LOG2E, k_scale_f)
+    if cfg.kernel == "prefill":
+        _sparse_mla_fwd_kernel[(T, n_hb)](
+            *args, out, lse, *qstrides,
+            out.stride(0), 0, out.stride(1), lse.stride(0), 0, lse.stride(1),
+            *sizes, 1, p.topk, *scales, SPLIT=False, **common)
+        return
+    ns = cfg.num_splits
+    part_o = torch.empty(T, ns, H, 512, dtype=torch.float32, device=out.device)
+    part_lse = torch.empty(T, ns, H, dtype=torch.float32, device=out.device)
+    _sparse_mla_fwd_kernel[(T * ns, n_hb)](
+        *args, part_o, part_lse, *qstrides,
+        part_o.stride(0), part_o.stride(1), part_o.stride(2),
+        part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
+        *sizes, ns, cfg.split_len, *scales, SPLIT=True, **common)
+    _combine_kernel[(T, triton.cdiv(H, cfg.combine_block_h))](
+        part_o, part_lse, sink, out, lse,
+        part_o.stride(0), part_o.stride(1), part_o.stride(2),
+        part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
+        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        H, ns, HAS_SINK=p.attn_sink is not None, BLOCK_H=cfg.combine_block_h, num_warps=cfg.combine_warps)
