@@ -87,6 +87,7 @@ def sparse_mla_attention(q, kv_cache, indices, softmax_scale, *, kv_format=None,
         sl = slice(t0, min(T, t0 + chunk))
         raw = p.kv[blk[sl], off[sl]]  # [t, topk, row] as stored
         k = dequantize_rows(p, raw, cd)  # [t, topk, D_qk]
+        k = k.masked_fill(~valid[sl, :, None], 0.0)  # invalid entries read slot 0: never let its values leak
         s = torch.einsum("thd,tkd->thk", q_full[sl], k) * p.softmax_scale
         s = s.masked_fill(~valid[sl, None, :], -math.inf)
         row_lse = torch.logsumexp(s, dim=-1)  # -inf for a row with no valid entry

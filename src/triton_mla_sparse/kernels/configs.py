@@ -24,6 +24,8 @@ class AttentionConfig:
     split_len: int
     num_warps: int
     num_stages: int
+    q_in_loop: bool = False
+    fp8_fold: bool = False  # fp8_ds_mla: apply tile scales to scores/probabilities instead of the tile
     combine_block_h: int = 8
     combine_warps: int = 4
 
@@ -56,7 +58,7 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     block_h = min(64, max(16, _next_pow2(H)))
     block_h = overrides.pop("block_h", block_h)
     n_hb = -(-H // block_h)
-    block_n = overrides.pop("block_n", 16 if interpreting() else (64 if block_h <= 16 else 32))
+    block_n = overrides.pop("block_n", 16 if interpreting() else 64)
     num_warps = 4 if block_h <= 16 else 8
     num_stages = 1 if interpreting() else 2
     sms = multiprocessor_count(device)

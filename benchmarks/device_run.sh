@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One run on the GPU machine, from the repository root, with $OUT set:
+#   bash benchmarks/device_run.sh [--quick]
+# Prints the device and versions, installs the package (editable, offline; falls back to PYTHONPATH=src), runs the GPU
+# test tier (-> $OUT/gpu-tests.txt), then the benchmark (-> $OUT/bench.txt, $OUT/bench.json). --quick runs the
+# benchmark's quick subset. SKIP_TESTS=1 skips the tests. Every step runs even when an earlier one fails; the exit
+# status is non-zero when any step failed. Budget: tests <= 240 s, bench <= 270 s (each under `timeout`).
+set -u
+set -o pipefail
+
+QUICK=""
+if [ "${1:-}" = "--quick" ]; then QUICK="--quick"; fi
+OUT="${OUT:-$PWD/.device-out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY="$(command -v python3 || command -v python)"
+failed=()
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+
+stamp "== device"
+nvidia-smi -L || failed+=("nvidia-smi")
+"$PY" - <<'EOF' || failed+=("versions")
+import sys, platform
+import torch, triton
+print(f"python {platform.python_version()} ({sys.executable})")
+print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}")
+print(f"cuda available: {torch.cuda.is_available()}, devices: {torch.cuda.device_count()}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"device 0: {p.name}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB, cc {p.major}.{p.minor}")
+EOF
+if [ -n "${TRITON_INTERPRET:-}" ]; then
+    echo "note: unsetting TRITON_INTERPRET=${TRITON_INTERPRET} (kernels must compile for the GPU here)"
+    unset TRITON_INTERPRET
+fi
+
+stamp "== install"
+if "$PY" -m pip install -e . --no-deps --no-build-isolation -q 2>&1 | tail -5 \
+        && "$PY" -c "import triton_mla_sparse, triton_mla_sparse.cli" 2>/dev/null; then
+    echo "installed (editable)"
+else
+    echo "pip install -e failed or the package does not import; using PYTHONPATH=$PWD/src"
+    export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+    "$PY" -c "import triton_mla_sparse; print('import ok from', triton_mla_sparse.__file__)" || failed+=("import")
+fi
+
+if [ "${SKIP_TESTS:-0}" != "1" ]; then
+    stamp "== GPU tests"
+    XDIST=""
+    if "$PY" -c "import xdist" 2>/dev/null; then XDIST="-n 4"; fi  # parallel workers hide kernel compile time
+    # shellcheck disable=SC2086
+    timeout 240 "$PY" -m pytest -q -p no:cacheprovider $XDIST tests/gpu 2>&1 | tee "$OUT/gpu-tests.txt"
+    rc=$?
+    [ $rc -eq 124 ] && echo "GPU tests stopped at the 240 s limit" | tee -a "$OUT/gpu-tests.txt"
+    [ $rc -ne 0 ] && failed+=("gpu-tests (rc $rc)")
+fi
+
+stamp "== bench $QUICK"
+# shellcheck disable=SC2086
+timeout 270 "$PY" -m triton_mla_sparse.cli bench $QUICK --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+rc=$?
+[ $rc -eq 124 ] && echo "bench stopped at the 270 s limit" | tee -a "$OUT/bench.txt"
+[ $rc -ne 0 ] && failed+=("bench (rc $rc)")
+
+stamp "== done"
+if [ ${#failed[@]} -ne 0 ]; then
+    echo "FAILED steps: ${failed[*]}"
+    exit 1
+fi
+echo "all steps passed"
