@@ -19,7 +19,7 @@ def main():
     over = {}
     for kv in sys.argv[3:]:
         k, v = kv.split("=")
-        over[k] = v == "1" if k in ("fp8_fold", "q_in_loop") else int(v)
+        over[k] = int(v)
     case = dict(CASES[name])
     prefill = case.pop("prefill", False)
     q, kv, idx = make_case(**case, fmt=fmt, prefill=prefill)

@@ -2,7 +2,7 @@
 
     python benchmarks/sweep.py [--peers .peers] [--cases decode_h16,...] [--out sweep.json]
 
-For each case it times a list of configurations of our kernels (block_h, block_n, warps, stages, splits, q_in_loop)
+For each case it times a list of configurations of our kernels (block_h, block_n, warps, stages, splits)
 and, where importable from the peers folder (../shared/tools/get-peers.sh), FlashMLA and the page_size=1 dense
 Triton kernel; every timing is preceded by an accuracy check against the float32 reference on a subset of rows.
 The results feed benchmarks/NOTES.md and the defaults in kernels/configs.py.
@@ -138,12 +138,11 @@ def configs_for(case, prefill, fmt):
     """A targeted grid (each new combination costs a compile of a few seconds on the device)."""
     h = case["heads"]
     bhs = [16] if h <= 16 else ([32, 64] if h <= 32 else [64])
-    folds = [False, True] if fmt == "fp8_ds_mla" else [False]
     out = [dict()]  # the default choice
-    for bh, bn, nw, st, fold in itertools.product(bhs, [32, 64, 128], [4, 8], [2, 3], folds):
+    for bh, bn, nw, st in itertools.product(bhs, [32, 64, 128], [4, 8], [2, 3]):
         if (bh == 64 and nw == 4) or (bh == 64 and bn == 128) or (prefill and st == 3):
             continue
-        out.append(dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=st, fp8_fold=fold))
+        out.append(dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=st))
     return out
 
 
@@ -193,7 +192,7 @@ def main():
                     print(f"{name:22s} {fmt:10s} {str(over):40s} FAILED {type(e).__name__}: {str(e)[:150]}")
                     continue
                 tag = f"{cfg.kernel[:3]} h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} " \
-                      f"sp{cfg.num_splits} f{int(cfg.fp8_fold)}"
+                      f"sp{cfg.num_splits}"
                 line["ours"].append((tag, ms, err))
                 print(f"{name:22s} {fmt:10s} {tag:40s} {ms:8.4f} ms err {err:.1e}", flush=True)
             best = min(line["ours"], key=lambda r: r[1]) if line["ours"] else None

@@ -22,6 +22,7 @@ def _desc(x) -> str:
     return f"{type(x).__name__} {x!r}" if isinstance(x, (int, float, str)) else type(x).__name__
 
 
+
 def _fail(arg: str, expected: str, got) -> None:
     raise ValueError(f"{arg}: expected {expected}, got {got if isinstance(got, str) else _desc(got)}")
 
@@ -147,7 +148,7 @@ def _check_k_scale(k_scale, kv_format, device):
             _fail("k_scale", f"device {device} (the device of q)", k_scale)
         return k_scale.reshape(1)
     if isinstance(k_scale, bool) or not isinstance(k_scale, (int, float)):
-        _fail("k_scale", "a float or a one-element float32 tensor", k_scale)
+        _fail("k_scale", "a float or a one-element float32 tensor", _desc(k_scale))
     if not math.isfinite(k_scale) or k_scale <= 0:
         _fail("k_scale", "a finite positive number", f"{k_scale!r}")
     return float(k_scale)
@@ -177,7 +178,7 @@ def check_attention_inputs(q, kv_cache, indices, softmax_scale, *, kv_format=Non
 
     if isinstance(softmax_scale, torch.Tensor) or isinstance(softmax_scale, bool) or \
             not isinstance(softmax_scale, (int, float)):
-        _fail("softmax_scale", "a Python float", softmax_scale)
+        _fail("softmax_scale", "a Python float", _desc(softmax_scale))
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         _fail("softmax_scale", "a finite positive number", f"{softmax_scale!r}")
 

@@ -28,14 +28,10 @@ LN2 = 0.6931471805599453
 
 @triton.jit
 def _load_latent_chunk(p_row, o_c, m_n, C: tl.constexpr, FMT: tl.constexpr, CONVERT: tl.constexpr,
-                       dt: tl.constexpr, FOLD: tl.constexpr):
-    """Latent values [C*128, C*128+128) of the gathered rows as ``dt`` [BLOCK_N, 128]; invalid rows give 0.
-    With FOLD (fp8_ds_mla) the tile scale is not applied: see :func:`_load_tile_scale`."""
+                       dt: tl.constexpr):
+    """Latent values [C*128, C*128+128) of the gathered rows as ``dt`` [BLOCK_N, 128]; invalid rows give 0."""
     p = p_row[:, None] + (C * 128 + o_c)[None, :]
-    if FMT == 2 and FOLD:
-        raw = tl.load(p, mask=m_n[:, None], other=0)
-        vals = raw.to(tl.float8e4nv, bitcast=True).to(dt)
-    elif FMT == 2:
+    if FMT == 2:
         raw = tl.load(p, mask=m_n[:, None], other=0)
         scale = tl.load((p_row + 512).to(tl.pointer_type(tl.float32)) + C, mask=m_n, other=0.0)
         vals = (raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]).to(dt)
@@ -47,12 +43,6 @@ def _load_latent_chunk(p_row, o_c, m_n, C: tl.constexpr, FMT: tl.constexpr, CONV
     else:
         vals = tl.load(p, mask=m_n[:, None], other=0.0)
     return vals
-
-
-@triton.jit
-def _load_tile_scale(p_row, m_n, C: tl.constexpr):
-    """float32 scale of latent tile C of the gathered fp8_ds_mla rows [BLOCK_N] (0 for invalid rows)."""
-    return tl.load((p_row + 512).to(tl.pointer_type(tl.float32)) + C, mask=m_n, other=0.0)
 
 
 @triton.jit
@@ -76,15 +66,14 @@ def _sparse_mla_fwd_kernel(
     q_nope_ptr, q_pe_ptr, kv_ptr, idx_ptr, topk_len_ptr, sink_ptr, k_scale_ptr, out_ptr, lse_ptr,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
     stride_kv_blk, stride_kv_row,
-    stride_idx_t, stride_idx_k,
+    stride_idx_t, stride_idx_k, stride_tl, stride_sink,
     stride_o_t, stride_o_s, stride_o_h,
     stride_l_t, stride_l_s, stride_l_h,
     T, H, topk, num_slots, block_size, num_splits, split_len,
     sm_scale_log2, k_scale,
     FMT: tl.constexpr, CONVERT: tl.constexpr, HAS_ROPE: tl.constexpr,
     HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, K_SCALE_PTR: tl.constexpr,
-    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, Q_IN_LOOP: tl.constexpr,
-    FOLD: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     i_ts = tl.program_id(0)
     i_hb = tl.program_id(1)
@@ -98,22 +87,20 @@ def _sparse_mla_fwd_kernel(
     o_r = tl.arange(0, 64)
     o_n = tl.arange(0, BLOCK_N)
 
-    # q for this row and head block: four latent chunks and the rope part (held in registers, or re-read from
-    # L1/L2 every step when Q_IN_LOOP, which frees registers for wide head blocks).
+    # q for this row and head block: four latent chunks and the rope part, held in registers.
     p_q = q_nope_ptr + i_t * stride_qn_t + o_h[:, None].to(tl.int64) * stride_qn_h
-    p_qr = q_pe_ptr + i_t * stride_qp_t + o_h[:, None].to(tl.int64) * stride_qp_h + o_r[None, :]
-    if not Q_IN_LOOP:
-        b_q0 = tl.load(p_q + (0 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
-        b_q1 = tl.load(p_q + (1 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
-        b_q2 = tl.load(p_q + (2 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
-        b_q3 = tl.load(p_q + (3 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
-        if HAS_ROPE:
-            b_qr = tl.load(p_qr, mask=m_h[:, None], other=0.0)
+    b_q0 = tl.load(p_q + (0 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
+    b_q1 = tl.load(p_q + (1 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
+    b_q2 = tl.load(p_q + (2 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
+    b_q3 = tl.load(p_q + (3 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
+    if HAS_ROPE:
+        p_qr = q_pe_ptr + i_t * stride_qp_t + o_h[:, None].to(tl.int64) * stride_qp_h + o_r[None, :]
+        b_qr = tl.load(p_qr, mask=m_h[:, None], other=0.0)
 
     # This program's part of the row's list.
     n_row = topk
     if HAS_TOPK_LEN:
-        n_row = tl.minimum(tl.maximum(tl.load(topk_len_ptr + i_t), 0), topk)
+        n_row = tl.minimum(tl.maximum(tl.load(topk_len_ptr + i_t * stride_tl), 0), topk)
     n_start = i_s * split_len
     n_end = tl.minimum(n_start + split_len, n_row)
 
@@ -139,32 +126,14 @@ def _sparse_mla_fwd_kernel(
         i_off = b_idx - i_blk * block_size
         p_row = kv_ptr + i_blk.to(tl.int64) * stride_kv_blk + i_off.to(tl.int64) * stride_kv_row
 
-        b_k0 = _load_latent_chunk(p_row, o_c, m_n, 0, FMT, CONVERT, dt, FOLD)
-        b_k1 = _load_latent_chunk(p_row, o_c, m_n, 1, FMT, CONVERT, dt, FOLD)
-        b_k2 = _load_latent_chunk(p_row, o_c, m_n, 2, FMT, CONVERT, dt, FOLD)
-        b_k3 = _load_latent_chunk(p_row, o_c, m_n, 3, FMT, CONVERT, dt, FOLD)
-        if Q_IN_LOOP:
-            b_q0 = tl.load(p_q + (0 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
-            b_q1 = tl.load(p_q + (1 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
-            b_q2 = tl.load(p_q + (2 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
-            b_q3 = tl.load(p_q + (3 * 128 + o_c)[None, :], mask=m_h[:, None], other=0.0)
-            if HAS_ROPE:
-                b_qr = tl.load(p_qr, mask=m_h[:, None], other=0.0)
-        if FOLD:
-            # fp8_ds_mla with the tile scales applied to scores and probabilities instead of to the tile.
-            b_sc0 = _load_tile_scale(p_row, m_n, 0)
-            b_sc1 = _load_tile_scale(p_row, m_n, 1)
-            b_sc2 = _load_tile_scale(p_row, m_n, 2)
-            b_sc3 = _load_tile_scale(p_row, m_n, 3)
-            b_s = tl.dot(b_q0, tl.trans(b_k0)) * b_sc0[None, :]
-            b_s += tl.dot(b_q1, tl.trans(b_k1)) * b_sc1[None, :]
-            b_s += tl.dot(b_q2, tl.trans(b_k2)) * b_sc2[None, :]
-            b_s += tl.dot(b_q3, tl.trans(b_k3)) * b_sc3[None, :]
-        else:
-            b_s = tl.dot(b_q0, tl.trans(b_k0))
-            b_s = tl.dot(b_q1, tl.trans(b_k1), b_s)
-            b_s = tl.dot(b_q2, tl.trans(b_k2), b_s)
-            b_s = tl.dot(b_q3, tl.trans(b_k3), b_s)
+        b_k0 = _load_latent_chunk(p_row, o_c, m_n, 0, FMT, CONVERT, dt)
+        b_k1 = _load_latent_chunk(p_row, o_c, m_n, 1, FMT, CONVERT, dt)
+        b_k2 = _load_latent_chunk(p_row, o_c, m_n, 2, FMT, CONVERT, dt)
+        b_k3 = _load_latent_chunk(p_row, o_c, m_n, 3, FMT, CONVERT, dt)
+        b_s = tl.dot(b_q0, tl.trans(b_k0))
+        b_s = tl.dot(b_q1, tl.trans(b_k1), b_s)
+        b_s = tl.dot(b_q2, tl.trans(b_k2), b_s)
+        b_s = tl.dot(b_q3, tl.trans(b_k3), b_s)
         if HAS_ROPE:
             b_kr = _load_rope(p_row, o_r, m_n, FMT, CONVERT, dt)
             b_s = tl.dot(b_qr, tl.trans(b_kr), b_s)
@@ -175,17 +144,11 @@ def _sparse_mla_fwd_kernel(
         b_alpha = tl.exp2(b_m - b_m_use)
         b_p = tl.exp2(b_s - b_m_use[:, None])
         b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        if FOLD:
-            b_a0 = tl.dot((b_p * b_sc0[None, :]).to(dt), b_k0, b_a0 * b_alpha[:, None])
-            b_a1 = tl.dot((b_p * b_sc1[None, :]).to(dt), b_k1, b_a1 * b_alpha[:, None])
-            b_a2 = tl.dot((b_p * b_sc2[None, :]).to(dt), b_k2, b_a2 * b_alpha[:, None])
-            b_a3 = tl.dot((b_p * b_sc3[None, :]).to(dt), b_k3, b_a3 * b_alpha[:, None])
-        else:
-            b_pc = b_p.to(dt)
-            b_a0 = tl.dot(b_pc, b_k0, b_a0 * b_alpha[:, None])
-            b_a1 = tl.dot(b_pc, b_k1, b_a1 * b_alpha[:, None])
-            b_a2 = tl.dot(b_pc, b_k2, b_a2 * b_alpha[:, None])
-            b_a3 = tl.dot(b_pc, b_k3, b_a3 * b_alpha[:, None])
+        b_pc = b_p.to(dt)
+        b_a0 = tl.dot(b_pc, b_k0, b_a0 * b_alpha[:, None])
+        b_a1 = tl.dot(b_pc, b_k1, b_a1 * b_alpha[:, None])
+        b_a2 = tl.dot(b_pc, b_k2, b_a2 * b_alpha[:, None])
+        b_a3 = tl.dot(b_pc, b_k3, b_a3 * b_alpha[:, None])
         b_m = b_m_new
 
     # Normalise; an empty range (no valid entry) gives 0 and lse -inf.
@@ -199,7 +162,7 @@ def _sparse_mla_fwd_kernel(
         tl.store(lse_ptr + i_t * stride_l_t + i_s.to(tl.int64) * stride_l_s + o_h * stride_l_h, b_lse2, mask=m_h)
     else:
         if HAS_SINK:
-            b_sink = tl.load(sink_ptr + o_h, mask=m_h, other=0.0)
+            b_sink = tl.load(sink_ptr + o_h * stride_sink, mask=m_h, other=0.0)
             # exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + exp(sink - lse)); 0 when lse = -inf.
             b_inv = b_inv / (1.0 + tl.exp2(b_sink * 1.4426950408889634 - b_lse2))
         b_f = b_inv
@@ -216,7 +179,7 @@ def _sparse_mla_fwd_kernel(
 def _combine_kernel(
     part_o_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr,
     stride_po_t, stride_po_s, stride_po_h, stride_pl_t, stride_pl_s, stride_pl_h,
-    stride_o_t, stride_o_h, stride_l_t, stride_l_h,
+    stride_o_t, stride_o_h, stride_l_t, stride_l_h, stride_sink,
     H, num_splits,
     HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
@@ -246,7 +209,7 @@ def _combine_kernel(
     b_lse2 = tl.where(b_w > 0, b_m_use + tl.log2(b_w), float("-inf"))
     b_inv = tl.where(b_w > 0, 1.0 / b_w, 0.0)
     if HAS_SINK:
-        b_sink = tl.load(sink_ptr + o_h, mask=m_h, other=0.0)
+        b_sink = tl.load(sink_ptr + o_h * stride_sink, mask=m_h, other=0.0)
         b_inv = b_inv / (1.0 + tl.exp2(b_sink * 1.4426950408889634 - b_lse2))
     p_o = out_ptr + i_t * stride_o_t + o_h[:, None].to(tl.int64) * stride_o_h + o_d[None, :]
     tl.store(p_o, (b_acc * b_inv[:, None]).to(out_ptr.dtype.element_ty), mask=m_h[:, None])
@@ -280,13 +243,12 @@ def launch_sparse_mla(p, cfg, out, lse):
     common = dict(
         FMT=fmt, CONVERT=convert, HAS_ROPE=has_rope, HAS_TOPK_LEN=p.topk_length is not None,
         HAS_SINK=p.attn_sink is not None, K_SCALE_PTR=k_scale_ptr,
-        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, Q_IN_LOOP=cfg.q_in_loop,
-        FOLD=cfg.fp8_fold and fmt == FMT_FP8_DS_MLA,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     args = (q_nope, q_pe, kv, p.indices, topk_len, sink, k_scale_t)
     qstrides = (q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
-                kv.stride(0), kv.stride(1), p.indices.stride(0), p.indices.stride(1))
+                kv.stride(0), kv.stride(1), p.indices.stride(0), p.indices.stride(1), topk_len.stride(0),
+                sink.stride(0))
     sizes = (T, H, p.topk, p.num_slots, p.block_size)
     scales = (p.softmax_scale * LOG2E, k_scale_f)
     if cfg.kernel == "prefill":
@@ -307,5 +269,5 @@ def launch_sparse_mla(p, cfg, out, lse):
         part_o, part_lse, sink, out, lse,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
-        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), sink.stride(0),
         H, ns, HAS_SINK=p.attn_sink is not None, BLOCK_H=cfg.combine_block_h, num_warps=cfg.combine_warps)
