@@ -1,0 +1,301 @@
+"""Shared builders and checks for the attention tests.
+
+Inputs are random but realistic: q ~ N(0, 1) in float16 (the interpreter's bf16 dots are garbage), cache latents
+with different magnitudes per 128-wide tile (so a kernel applying the wrong fp8_ds_mla tile scale fails), scores
+with a spread of a few units (neither uniform nor one-hot softmax weights).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import triton_mla_sparse as tms
+from triton_mla_sparse import reference
+from triton_mla_sparse.api import sparse_mla_attention_with_config
+
+# Optional config switches (tests exercise them only where this version of the package has them).
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
+CACHE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn,
+                "fp8_ds_mla": torch.uint8}
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+# Tolerances of the kernel's float16 output against the float64 reference: (relative L2 error of out, absolute
+# error of lse). With bf16/fp16/fp8_e4m3 caches and pow2-scaled fp8_ds_mla every dequantised cache value is exactly
+# representable in float16, so only float16 rounding of the output and of the softmax weights remains (measured
+# max over the matrix: out 3.0e-4, lse 4e-6). With fp32-scaled fp8_ds_mla the kernel rounds e4m3 · scale to q's
+# dtype before its dots (2^-11 relative per value in float16): measured max out 9.6e-4, lse 1.8e-3 (the typical lse
+# error is ~5e-4 = sm_scale · sqrt(Σ q²k²) · 2^-11/sqrt(3)). test_attention_features pins that path tightly
+# against the reference evaluated on the same values rounded to float16.
+REL_TOL = 1e-3
+LSE_ATOL = 1e-4
+REL_TOL_FP32_SCALES = 2.5e-3
+LSE_ATOL_FP32_SCALES = 5e-3
+
+
+def tolerances(fmt: str, scale_format: str = "pow2") -> dict:
+    """Keyword arguments (tol, lse_atol) of :func:`assert_matches` for a cache format."""
+    if fmt == "fp8_ds_mla" and scale_format == "fp32":
+        return dict(tol=REL_TOL_FP32_SCALES, lse_atol=LSE_ATOL_FP32_SCALES)
+    return dict(tol=REL_TOL, lse_atol=LSE_ATOL)
+
+
+TILE_GAIN = (1.0, 0.25, 2.0, 0.5)  # magnitude of each 128-wide latent tile
+
+
+def kv_values(n: int, d_qk: int = 576) -> torch.Tensor:
+    """Real cache row values float32 [n, d_qk]: tile-wise magnitudes and a random per-row gain."""
+    x = torch.randn(n, d_qk)
+    for c, g in enumerate(TILE_GAIN):
+        x[:, 128 * c:128 * (c + 1)] *= g
+    x *= torch.empty(n, 1).uniform_(-0.5, 0.5).exp()
+    return x
+
+
+def encode(values: torch.Tensor, fmt: str, *, scale_format: str = "pow2"):
+    """Store real values [..., d_qk] in ``fmt``: returns (stored [..., row], k_scale float or None).
+
+    For fp8_ds_mla with d_qk = 512 (NoPE) the 64 rope values are garbage (NaN bytes): the kernel must not read them.
+    """
+    if fmt == "bf16":
+        return values.to(torch.bfloat16), None
+    if fmt == "fp16":
+        return values.to(torch.float16), None
+    if fmt == "fp8_e4m3":
+        k_scale = float(values.abs().max()) / 400.0 + 1e-6  # not a power of two
+        return (values / k_scale).clamp(-448, 448).to(torch.float8_e4m3fn), k_scale
+    if fmt == "fp8_ds_mla":
+        d = values.shape[-1]
+        if d == 512:
+            full = torch.cat([values, values.new_zeros(*values.shape[:-1], 64)], dim=-1)
+            packed = tms.quantize_fp8_ds_mla(full, scale_format=scale_format)
+            packed[..., 528:] = 0xFF  # NaN bf16 rope: must never be read with NoPE
+            return packed, None
+        return tms.quantize_fp8_ds_mla(values, scale_format=scale_format), None
+    raise AssertionError(fmt)
+
+
+def _nan_buffer(shape, dtype) -> torch.Tensor:
+    """A buffer of ``dtype`` whose every element is NaN (all bytes 0xFF; uint8 gives NaN scales/fp8/bf16 too)."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    *lead, last = shape
+    return torch.full((*lead, last * esize), 0xFF, dtype=torch.uint8, device=DEVICE).view(dtype)
+
+
+LAYOUTS = ("3d", "4d", "flat", "padded", "flat_padded")
+
+
+def place(stored: torch.Tensor, layout: str) -> torch.Tensor:
+    """Put stored rows [nb, bs, row] into a cache tensor of the given layout.
+
+    "3d" [nb, bs, row] contiguous; "4d" [nb, bs, 1, row]; "flat" [nb·bs, row]; "padded": [nb, bs, row] view of a
+    NaN-filled buffer with 3 spare rows per block, 16 spare elements per row and one spare leading block (block
+    stride > block_size · row, row stride > row, non-zero storage offset); "flat_padded": [nb·bs, row] view with
+    spare elements per row and a spare leading row. Slot ids are the same in every layout.
+    """
+    nb, bs, row = stored.shape
+    stored = stored.to(DEVICE)
+    if layout == "3d":
+        return stored.contiguous()
+    if layout == "4d":
+        return stored.contiguous().unsqueeze(2)
+    if layout == "flat":
+        return stored.reshape(nb * bs, row).contiguous()
+    if layout == "padded":
+        buf = _nan_buffer((nb + 1, bs + 3, row + 16), stored.dtype)
+        view = buf[1:, :bs, :row]
+    elif layout == "flat_padded":
+        buf = _nan_buffer((nb * bs + 1, row + 16), stored.dtype)
+        view = buf[1:, :row]
+        view.copy_(stored.reshape(nb * bs, row))
+        return view
+    else:
+        raise AssertionError(layout)
+    view.copy_(stored)
+    return view
+
+
+@dataclass
+class Problem:
+    """One attention call's inputs plus the real (float32) cache values they encode."""
+
+    q: Any
+    kv_cache: torch.Tensor
+    indices: torch.Tensor
+    softmax_scale: float
+    kv_format: str | None
+    k_scale: Any = None
+    num_slots: int = 0
+    scale_format: str = "pow2"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tol(self) -> dict:
+        return tolerances(self.kv_format_name, self.scale_format)
+
+    @property
+    def kv_format_name(self) -> str:
+        fmts = {v: k for k, v in CACHE_DTYPES.items()}
+        return self.kv_format or fmts[self.kv_cache.dtype]
+
+    @property
+    def T(self):
+        return self.indices.shape[0]
+
+    @property
+    def H(self):
+        q = self.q[0] if isinstance(self.q, tuple) else self.q
+        return q.shape[1]
+
+    def args(self):
+        return (self.q, self.kv_cache, self.indices, self.softmax_scale)
+
+    def kwargs(self, **kw):
+        d = dict(kv_format=self.kv_format, k_scale=self.k_scale)
+        d.update(self.extra)
+        d.update(kw)
+        return d
+
+
+def make_indices(T: int, topk: int, num_slots: int, invalid_frac: float = 0.15) -> torch.Tensor:
+    """int32 [T, topk] random slots (duplicates allowed) with a fraction of every kind of invalid value."""
+    if num_slots > 0:
+        idx = torch.randint(0, num_slots, (T, topk), dtype=torch.int64)
+    else:
+        idx = torch.full((T, topk), -1, dtype=torch.int64)
+    bad_values = torch.tensor([-1, -1, -7, num_slots, num_slots + 5, INT32_MIN, INT32_MAX], dtype=torch.int64)
+    bad = torch.rand(T, topk) < invalid_frac
+    idx = torch.where(bad, bad_values[torch.randint(0, len(bad_values), (T, topk))], idx)
+    return idx.to(torch.int32).to(DEVICE)
+
+
+def make_problem(fmt: str, T: int, H: int, topk: int, block_size: int, *, num_blocks: int | None = None,
+                 d_qk: int = 576, layout: str = "3d", scale_format: str = "pow2", invalid_frac: float = 0.15,
+                 infer_format: bool = False, k_scale_tensor: bool = False, softmax_scale: float = 192 ** -0.5,
+                 q_dtype=torch.float16) -> Problem:
+    if num_blocks is None:
+        num_blocks = max(2, -(-(5 * topk // 2) // block_size))
+    values = kv_values(num_blocks * block_size, d_qk).reshape(num_blocks, block_size, d_qk)
+    stored, k_scale = encode(values, fmt, scale_format=scale_format)
+    kv_cache = place(stored, layout)
+    if k_scale is not None and k_scale_tensor:
+        k_scale = torch.tensor([k_scale], dtype=torch.float32, device=DEVICE)
+    q = torch.randn(T, H, d_qk).to(q_dtype).to(DEVICE)
+    num_slots = num_blocks * block_size
+    indices = make_indices(T, topk, num_slots, invalid_frac)
+    return Problem(q=q, kv_cache=kv_cache, indices=indices, softmax_scale=softmax_scale,
+                   kv_format=None if infer_format else fmt, k_scale=k_scale, num_slots=num_slots,
+                   scale_format=scale_format)
+
+
+def run_kernel(prob: Problem, kernel: str = "auto", **kw):
+    """(out, lse) from the Triton path with the given kernel; ``kw`` may hold call arguments and config overrides."""
+    call = {k: kw.pop(k) for k in list(kw) if k in ("kv_format", "k_scale", "topk_length", "attn_sink", "out")}
+    return sparse_mla_attention_with_config(*prob.args(), **prob.kwargs(**call), kernel=kernel, return_lse=True, **kw)
+
+
+def run_reference(prob: Problem, **kw):
+    """(out, lse) from the reference in float64 (out float64 too unless ``out=`` is given)."""
+    kw.setdefault("out_dtype", torch.float64)
+    return reference.sparse_mla_attention(*prob.args(), **prob.kwargs(**kw), return_lse=True,
+                                          compute_dtype=torch.float64)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖x − ref‖ / ‖ref‖ in float64 (0 when both are 0; inf when only ref is 0)."""
+    x, ref = x.double(), ref.double()
+    num, den = (x - ref).norm().item(), ref.norm().item()
+    if den == 0:
+        return 0.0 if num == 0 else math.inf
+    return num / den
+
+
+def assert_matches(out, lse, ref_out, ref_lse, *, tol: float = REL_TOL, lse_atol: float = LSE_ATOL, what: str = ""):
+    """Kernel (out, lse) against the float64 reference: no NaN, identical -inf positions, rows without a valid
+    index exactly 0, relative L2 error of out <= tol, |lse - ref| <= lse_atol where finite."""
+    out, lse, ref_out, ref_lse = (x.cpu() for x in (out, lse, ref_out, ref_lse))
+    assert out.shape == ref_out.shape, (what, out.shape, ref_out.shape)
+    assert lse.shape == ref_lse.shape, (what, lse.shape, ref_lse.shape)
+    assert lse.dtype == torch.float32, (what, lse.dtype)
+    assert not torch.isnan(out).any(), f"{what}: NaN in out at {torch.isnan(out).nonzero()[:5].tolist()}"
+    assert not torch.isnan(lse).any(), f"{what}: NaN in lse at {torch.isnan(lse).nonzero()[:5].tolist()}"
+    assert not torch.isinf(out).any(), f"{what}: inf in out"
+    assert not torch.isposinf(lse).any(), f"{what}: +inf in lse"
+    empty = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), empty), \
+        f"{what}: -inf lse positions differ: kernel {torch.isneginf(lse).nonzero().tolist()} " \
+        f"reference {empty.nonzero().tolist()}"
+    if empty.any():
+        assert (out[empty] == 0).all(), f"{what}: rows with no valid index must be exactly 0"
+    err = rel_err(out, ref_out)
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
+    fin = ~empty
+    if fin.any():
+        d = (lse[fin].double() - ref_lse[fin].double()).abs().max().item()
+        assert d <= lse_atol, f"{what}: lse max abs error {d:.3e} > {lse_atol:.1e}"
+    return err
+
+
+def nan_out(T: int, H: int, dtype=torch.float16) -> torch.Tensor:
+    return torch.full((T, H, 512), float("nan"), dtype=dtype, device=DEVICE)
+
+
+def stored_rows(kv_cache: torch.Tensor) -> torch.Tensor:
+    """The cache's stored rows as [num_slots, row] (a copy when the layout needs one), on the CPU."""
+    kv = kv_cache[:, :, 0] if kv_cache.dim() == 4 else kv_cache
+    return kv.reshape(-1, kv.shape[-1]).cpu()
+
+
+def real_rows(prob: Problem) -> torch.Tensor:
+    """Real values float64 [num_slots, 576] (or 512 / NaN rope for NoPE fp8_ds_mla) of every cache slot."""
+    from triton_mla_sparse.formats import dequantize_fp8_ds_mla_float
+
+    fmt = prob.kv_format_name
+    rows = stored_rows(prob.kv_cache)
+    if fmt == "fp8_ds_mla":
+        return dequantize_fp8_ds_mla_float(rows, torch.float64)
+    vals = rows.double()
+    if fmt == "fp8_e4m3":
+        vals = vals * float(prob.k_scale)
+    return vals
+
+
+def full_q(q) -> torch.Tensor:
+    """q as one float64 tensor [T, H, D_qk] on the CPU (tuple forms concatenated, NoPE forms 512 wide)."""
+    if isinstance(q, tuple):
+        q_nope, q_pe = q
+        if q_pe is None or q_pe.shape[-1] == 0:
+            return q_nope.double().cpu()
+        return torch.cat([q_nope.double(), q_pe.double()], dim=-1).cpu()
+    return q.double().cpu()
+
+
+def manual_attention(prob: Problem, *, topk_length=None, attn_sink=None):
+    """Independent oracle for small cases: a Python loop over rows following the docstring literally.
+    Returns (out float64 [T, H, 512], lse float64 [T, H])."""
+    q = full_q(prob.q)
+    T, H, d = q.shape
+    K = real_rows(prob)[:, :d]
+    S = K.shape[0]
+    idx = prob.indices.cpu().tolist()
+    topk = prob.indices.shape[1]
+    out = torch.zeros(T, H, 512, dtype=torch.float64)
+    lse = torch.full((T, H), -math.inf, dtype=torch.float64)
+    for t in range(T):
+        n = topk if topk_length is None else min(max(int(topk_length[t]), 0), topk)
+        js = [i for i in idx[t][:n] if 0 <= i < S]
+        if not js:
+            continue
+        Ks = K[js]
+        s = (q[t] @ Ks.T) * prob.softmax_scale  # [H, n]
+        lse[t] = torch.logsumexp(s, dim=-1)
+        out[t] = torch.softmax(s, dim=-1) @ Ks[:, :512]
+    if attn_sink is not None:
+        out = out * torch.sigmoid(lse - attn_sink.double().cpu())[..., None]
+    return out, lse

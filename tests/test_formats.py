@@ -1,0 +1,163 @@
+"""The fp8_ds_mla row format: quantize_fp8_ds_mla / dequantize_fp8_ds_mla."""
+
+import pytest
+import torch
+
+import triton_mla_sparse as tms
+from triton_mla_sparse.formats import dequantize_fp8_ds_mla_float, unpack_fp8_ds_mla
+
+E4M3_REL = 2.0 ** -4  # round-to-nearest with 3 mantissa bits: |error| <= 2^-4 · |x| for normal values
+E4M3_SUBNORMAL_HALF_ULP = 2.0 ** -10  # e4m3 subnormal spacing is 2^-9
+
+
+def scales_of(packed: torch.Tensor) -> torch.Tensor:
+    return packed[..., 512:528].contiguous().view(torch.float32)
+
+
+def tiles(x: torch.Tensor) -> torch.Tensor:
+    return x[..., :512].reshape(*x.shape[:-1], 4, 128)
+
+
+@pytest.mark.parametrize("magnitude", [1e-3, 1.0, 1e3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
+def test_round_trip(scale_format, dtype, magnitude):
+    x = (torch.randn(300, 576) * magnitude * torch.empty(300, 1).uniform_(-2, 2).exp()).to(dtype)
+    packed = tms.quantize_fp8_ds_mla(x, scale_format=scale_format)
+    assert packed.dtype == torch.uint8 and packed.shape == (300, 656)
+    xf = x.float()
+    deq = dequantize_fp8_ds_mla_float(packed)  # e4m3 · scale, no extra rounding
+    assert torch.isfinite(deq).all()
+    # per element: within e4m3 rounding (normal range) or half a subnormal step (tiny values)
+    bound = E4M3_REL * tiles(xf).abs() + E4M3_SUBNORMAL_HALF_ULP * scales_of(packed)[..., None]
+    assert ((tiles(deq) - tiles(xf)).abs() <= bound).all()
+    # per 128-wide tile: relative L2 error (measured max ~0.035 for Gaussian data)
+    tile_err = (tiles(deq) - tiles(xf)).norm(dim=-1) / tiles(xf).norm(dim=-1)
+    assert tile_err.max() < E4M3_REL, tile_err.max()
+    # rope stays bf16-exact
+    assert torch.equal(deq[:, 512:], xf[:, 512:].bfloat16().float())
+    # the public dequantizer is the same values rounded once to bf16
+    pub = tms.dequantize_fp8_ds_mla(packed)
+    assert pub.dtype == torch.bfloat16 and pub.shape == (300, 576)
+    assert torch.equal(pub, deq.bfloat16())
+
+
+def test_pow2_scales_are_minimal_powers_of_two():
+    x = torch.randn(500, 576) * torch.logspace(-6, 6, 500)[:, None]
+    s = scales_of(tms.quantize_fp8_ds_mla(x, scale_format="pow2"))
+    assert (torch.frexp(s).mantissa == 0.5).all(), "pow2 scales must be exact powers of two"
+    need = tiles(x).abs().amax(-1) / 448.0
+    assert (s >= need * (1 - 2 ** -20)).all()  # large enough: amax / scale <= 448
+    assert (s / 2 < need).all()  # the smallest such power of two
+
+
+def test_fp32_scales_are_amax_over_448():
+    x = torch.randn(500, 576) * torch.logspace(-6, 6, 500)[:, None]
+    s = scales_of(tms.quantize_fp8_ds_mla(x, scale_format="fp32"))
+    assert torch.equal(s, tiles(x).abs().amax(-1) / 448.0)
+    assert (torch.frexp(s).mantissa != 0.5).any()
+
+
+@pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
+def test_byte_layout(scale_format):
+    """Bytes 0..511 e4m3 latent (x / tile scale, round to nearest), 512..527 four float32 scales (tile i covers
+    values 128·i..128·i+127), 528..655 the rope as bf16."""
+    x = torch.randn(7, 576)
+    x[:, :512] *= torch.tensor([1.0, 0.01, 100.0, 3.0]).repeat_interleave(128)
+    packed = tms.quantize_fp8_ds_mla(x, scale_format=scale_format)
+    scales = scales_of(packed)
+    assert scales.shape == (7, 4)
+    assert (scales[:, 2] > 100 * scales[:, 1]).all()  # tile order follows the latent
+    want_latent = (tiles(x) / scales[..., None]).reshape(7, 512).to(torch.float8_e4m3fn)
+    assert torch.equal(packed[:, :512], want_latent.view(torch.uint8))
+    assert torch.equal(packed[:, 528:].contiguous().view(torch.bfloat16), x[:, 512:].bfloat16())
+    lat, sc, rope = unpack_fp8_ds_mla(packed)
+    assert torch.equal(sc, scales) and torch.equal(rope, x[:, 512:].bfloat16())
+    assert torch.equal(lat.view(torch.uint8), packed[:, :512])
+
+
+@pytest.mark.parametrize("scale_format", ["pow2", "fp32"])
+def test_zero_rows_and_tiles(scale_format):
+    x = torch.randn(4, 576)
+    x[0] = 0  # all-zero row
+    x[1, 128:256] = 0  # one zero tile
+    x[2, :512] = 0  # zero latent, non-zero rope
+    x[3, 0:128] = -0.0
+    packed = tms.quantize_fp8_ds_mla(x, scale_format=scale_format)
+    s = scales_of(packed)
+    assert torch.isfinite(s).all() and (s > 0).all()
+    assert s[0].eq(1.0).all() and s[1, 1] == 1.0 and s[2].eq(1.0).all()
+    deq = dequantize_fp8_ds_mla_float(packed)
+    assert torch.isfinite(deq).all()
+    assert (deq[0] == 0).all() and (deq[1, 128:256] == 0).all() and (deq[2, :512] == 0).all()
+    assert (deq[3, :128] == 0).all()
+    assert torch.equal(deq[2, 512:], x[2, 512:].bfloat16().float())
+    assert torch.isfinite(tms.dequantize_fp8_ds_mla(packed).float()).all()
+
+
+@pytest.mark.parametrize("lead", [(), (1,), (3,), (2, 5), (2, 1, 3), (0,), (4, 0)])
+def test_leading_dims_preserved(lead):
+    x = torch.randn(*lead, 576)
+    packed = tms.quantize_fp8_ds_mla(x)
+    assert packed.shape == (*lead, 656)
+    deq = tms.dequantize_fp8_ds_mla(packed)
+    assert deq.shape == (*lead, 576)
+    if x.numel():
+        flat = tms.quantize_fp8_ds_mla(x.reshape(-1, 576))
+        assert torch.equal(packed.reshape(-1, 656), flat)
+
+
+def test_non_contiguous_input():
+    x = torch.randn(6, 576)
+    xt = torch.randn(576, 6).t()  # non-contiguous
+    xt.copy_(x)
+    assert not xt.is_contiguous()
+    assert torch.equal(tms.quantize_fp8_ds_mla(xt), tms.quantize_fp8_ds_mla(x))
+    packed = tms.quantize_fp8_ds_mla(x)
+    wide = torch.zeros(6, 700, dtype=torch.uint8)
+    wide[:, :656] = packed
+    assert torch.equal(tms.dequantize_fp8_ds_mla(wide[:, :656]), tms.dequantize_fp8_ds_mla(packed))
+
+
+def test_quantize_keeps_device_and_is_deterministic():
+    x = torch.randn(3, 576)
+    a, b = tms.quantize_fp8_ds_mla(x), tms.quantize_fp8_ds_mla(x.clone())
+    assert a.device == x.device and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("bad, name", [
+    (torch.zeros(3, 576, dtype=torch.int32), "kv"),
+    (torch.zeros(3, 576, dtype=torch.uint8), "kv"),
+    (torch.zeros(3, 575), "kv"),
+    (torch.zeros(3, 656), "kv"),
+    (torch.zeros(576, 3), "kv"),
+    (torch.tensor(1.0), "kv"),
+    ([0.0] * 576, "kv"),
+    (None, "kv"),
+])
+def test_quantize_rejects(bad, name):
+    with pytest.raises(ValueError) as e:
+        tms.quantize_fp8_ds_mla(bad)
+    assert name in str(e.value)
+
+
+@pytest.mark.parametrize("scale_format", ["e8m0", "POW2", None, 2])
+def test_quantize_rejects_scale_format(scale_format):
+    with pytest.raises(ValueError) as e:
+        tms.quantize_fp8_ds_mla(torch.zeros(2, 576), scale_format=scale_format)
+    assert "scale_format" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [
+    torch.zeros(3, 656, dtype=torch.float32),
+    torch.zeros(3, 656, dtype=torch.int8),
+    torch.zeros(3, 655, dtype=torch.uint8),
+    torch.zeros(3, 576, dtype=torch.uint8),
+    torch.zeros(3, 656, dtype=torch.float8_e4m3fn),
+    torch.tensor(0, dtype=torch.uint8),
+    None,
+])
+def test_dequantize_rejects(bad):
+    with pytest.raises(ValueError) as e:
+        tms.dequantize_fp8_ds_mla(bad)
+    assert "packed" in str(e.value)
