@@ -1,4 +1,4 @@
-"""The ``triton-mla-sparse`` command: ``demo`` and ``bench``.
+"""The ``triton-mla-sparse`` command: ``demo``, ``bench`` and ``select``.
 
 Triton reads ``TRITON_INTERPRET`` once, when it is imported; the package imports triton only when a kernel first
 runs. So :func:`main` settles the device (and sets ``TRITON_INTERPRET=1`` when there is no CUDA GPU) before any
@@ -26,7 +26,8 @@ def _prepare_device(want_cpu: bool = False) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="triton-mla-sparse",
-        description="Portable Triton sparse MLA attention (DeepSeek Sparse Attention): demo and benchmarks.")
+        description="Portable Triton sparse MLA attention (DeepSeek Sparse Attention): demo, benchmarks and "
+                    "vLLM backend selection.")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -51,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--filter", metavar="REGEX", help="only the cases whose name matches this regular expression")
     b.add_argument("--seed", type=int, default=0, help="random seed of the generated inputs (default 0)")
     b.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)  # tiny cases, any device
+
+    sub.add_parser("select", add_help=False,
+                   help="which sparse MLA backend vLLM picks for a GPU, model, TP size and kv cache dtype, and why "
+                        "(see `triton-mla-sparse select --help`)")
     return p
 
 
@@ -64,6 +69,11 @@ def _version() -> str:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["select"]:
+        from .select import select_main
+
+        return select_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         _prepare_device(want_cpu=args.device == "cpu")

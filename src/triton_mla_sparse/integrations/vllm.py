@@ -1,0 +1,272 @@
+"""vLLM plugin: registers the ``TRITON_MLA_SPARSE`` sparse-MLA attention backend with vLLM 0.33.
+
+Installed with ``pip install triton-mla-sparse[vllm]``; vLLM finds :func:`register` through the entry point group
+``vllm.general_plugins`` and calls it in every process it starts (API server, engine core, workers), before it
+parses arguments. ``register`` is idempotent and never changes vLLM's files. It
+
+1. registers the name ``TRITON_MLA_SPARSE`` in vLLM's attention-backend registry, pointing at
+   :class:`triton_mla_sparse.integrations.vllm_backend.TritonMLASparseBackend`, so that
+   ``--attention-backend TRITON_MLA_SPARSE`` works on any platform, and
+2. on the CUDA platform, wraps ``vllm.platforms.cuda._get_backend_priorities`` (the function vLLM's automatic
+   selection walks in order, keeping the first backend whose ``validate_configuration`` accepts the layer) so that
+   the MLA list also holds ``TRITON_MLA_SPARSE``. Where (``TRITON_MLA_SPARSE_PRIORITY=default``):
+
+   ========================= ============================================================================
+   compute capability        place of TRITON_MLA_SPARSE in vLLM's MLA list
+   ========================= ============================================================================
+   8.x (A100, A10, L40S, …)  first: no other sparse MLA backend of vLLM 0.33 runs there
+   12.x (RTX 50xx, RTX PRO)  right after FLASHINFER_MLA_SPARSE_SM120, which only takes bf16 models with
+                             top-k 2048 and an fp8_ds_mla cache (vLLM turns auto/fp8 into fp8_ds_mla for
+                             it), so every other configuration (e.g. --kv-cache-dtype bfloat16) gets ours
+   9.0, 10.x, 11.x and newer last: the fallback after vLLM's own sparse backends
+   below 8.0                 not added (unsupported)
+   ========================= ============================================================================
+
+   ``TRITON_MLA_SPARSE_PRIORITY=first`` puts it first everywhere (SM80+); ``off`` leaves vLLM's lists alone (the
+   backend then runs only when asked for by name). The variable is read when vLLM computes a priority list; the
+   lists are cached (``_get_backend_priorities.cache_clear()`` empties the cache of the wrapper and of vLLM's
+   function). Dense-MLA and non-MLA lists are never changed; our backend is sparse-only and rejects dense layers.
+
+   If vLLM's function does not have the signature this plugin was written against, one warning is logged and only
+   the automatic-selection part is skipped: the backend stays registered by name.
+
+This module does not import vLLM at import time (the ``select`` command uses its policy without vLLM).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import sys
+
+__all__ = [
+    "BACKEND_NAME",
+    "BACKEND_CLASS_PATH",
+    "PRIORITY_ENV",
+    "PRIORITY_MODES",
+    "priority_mode",
+    "policy_index",
+    "place_backend",
+    "register",
+    "install_priority_hook",
+    "static_reasons",
+]
+
+BACKEND_NAME = "TRITON_MLA_SPARSE"
+BACKEND_CLASS_PATH = "triton_mla_sparse.integrations.vllm_backend.TritonMLASparseBackend"
+PRIORITY_ENV = "TRITON_MLA_SPARSE_PRIORITY"
+PRIORITY_MODES = ("default", "first", "off")
+#: The one vLLM sparse backend that precedes ours on SM 12.x.
+SM120_PEER = "FLASHINFER_MLA_SPARSE_SM120"
+#: Lowest CUDA compute capability major the backend declares (see TritonMLASparseBackend).
+MIN_CAPABILITY_MAJOR = 8
+#: What the backend declares to vLLM (vllm_backend.TritonMLASparseBackend uses these).
+SUPPORTED_DTYPES = ("bfloat16", "float16")
+SUPPORTED_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_ds_mla")
+SUPPORTED_HEAD_SIZES = (576, 512)
+KV_LORA_RANK = 512
+ROPE_DIMS = (64, 0)
+#: Parameters of ``vllm.platforms.cuda._get_backend_priorities`` in vLLM 0.33.
+EXPECTED_PRIORITY_PARAMS = (
+    "use_mla",
+    "device_capability",
+    "num_heads",
+    "kv_cache_dtype",
+    "use_non_causal",
+    "head_size",
+    "use_mm_prefix",
+)
+_WRAPPED_MARK = "_triton_mla_sparse_wrapped"
+
+logger = logging.getLogger("vllm.plugins.triton_mla_sparse")
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, msg: str, *args) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(msg, *args)
+
+
+def priority_mode() -> str:
+    """The placement mode from ``TRITON_MLA_SPARSE_PRIORITY`` (``default`` when unset or unknown)."""
+    raw = os.environ.get(PRIORITY_ENV, "").strip().lower()
+    if raw in ("", "default", "auto"):
+        return "default"
+    if raw in PRIORITY_MODES:
+        return raw
+    _warn_once(f"mode:{raw}", "%s=%r is not one of %s; using 'default'.", PRIORITY_ENV, raw, PRIORITY_MODES)
+    return "default"
+
+
+def static_reasons(*, major: int, head_size: int, dtype: str, kv_cache_dtype: str, kv_lora_rank: int = KV_LORA_RANK,
+                   qk_rope_head_dim: int = 64, index_topk: int | None = 2048) -> list[str]:
+    """Why TRITON_MLA_SPARSE would reject a sparse MLA layer, from its declarations alone (no vLLM needed): the
+    same conditions its vLLM backend class reports through ``validate_configuration``; empty when accepted."""
+    reasons = []
+    if head_size not in SUPPORTED_HEAD_SIZES:
+        reasons.append("head_size not supported")
+    if dtype not in SUPPORTED_DTYPES:
+        reasons.append("dtype not supported")
+    if kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
+        reasons.append("kv_cache_dtype not supported")
+    if major < MIN_CAPABILITY_MAJOR:
+        reasons.append("compute capability not supported")
+    if index_topk is None:
+        reasons.append(f"{BACKEND_NAME} requires a DSA model (index_topk in the model config)")
+    if kv_lora_rank != KV_LORA_RANK:
+        reasons.append(f"{BACKEND_NAME} requires kv_lora_rank {KV_LORA_RANK}, got {kv_lora_rank}")
+    if qk_rope_head_dim not in ROPE_DIMS:
+        reasons.append(f"{BACKEND_NAME} requires qk_rope_head_dim 64 (or 0 for NoPE), got {qk_rope_head_dim}")
+    return reasons
+
+
+def _name(backend) -> str:
+    return backend if isinstance(backend, str) else backend.name
+
+
+def policy_index(names: list[str], major: int, mode: str = "default") -> int | None:
+    """Where ``TRITON_MLA_SPARSE`` goes in vLLM's MLA priority list ``names`` for a GPU of compute capability
+    ``major``.x, or None when it is not added (mode ``off``, capability below 8.0, or already listed)."""
+    if mode not in PRIORITY_MODES:
+        raise ValueError(f"mode: expected one of {PRIORITY_MODES}, got {mode!r}")
+    if mode == "off" or major < MIN_CAPABILITY_MAJOR or BACKEND_NAME in names:
+        return None
+    if mode == "first" or major == 8:
+        return 0
+    if major == 12 and SM120_PEER in names:
+        return names.index(SM120_PEER) + 1
+    return len(names)
+
+
+def place_backend(backends: list, major: int, mode: str, ours) -> list:
+    """A copy of ``backends`` (enum members or names) with ``ours`` inserted where :func:`policy_index` says."""
+    backends = list(backends)
+    idx = policy_index([_name(b) for b in backends], major, mode)
+    if idx is not None:
+        backends.insert(idx, ours)
+    return backends
+
+
+def _register_name() -> None:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    if BACKEND_NAME in AttentionBackendEnum.__members__:
+        # Already a member (a second call, or a vLLM that knows the name): (re)point it at our class.
+        register_backend(AttentionBackendEnum[BACKEND_NAME], BACKEND_CLASS_PATH)
+    else:
+        # Always with class_path: the decorator form would collide with TORCH_SDPA's "" value.
+        register_backend(BACKEND_NAME, BACKEND_CLASS_PATH)
+
+
+def _cuda_platform_module():
+    """``vllm.platforms.cuda`` when this process runs vLLM's CUDA platform (or has imported the module), else None.
+
+    The module is not imported on other platforms: on ROCm, XPU, TPU or CPU builds importing it would load
+    CUDA-only extensions.
+    """
+    mod = sys.modules.get("vllm.platforms.cuda")
+    if mod is not None:
+        return mod
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return None
+    import vllm.platforms.cuda as mod
+
+    return mod
+
+
+def _make_wrapper(original):
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    def _get_backend_priorities(
+        use_mla,
+        device_capability,
+        num_heads=None,
+        kv_cache_dtype=None,
+        use_non_causal=False,
+        head_size=None,
+        use_mm_prefix=False,
+    ):
+        backends = original(
+            use_mla,
+            device_capability,
+            num_heads=num_heads,
+            kv_cache_dtype=kv_cache_dtype,
+            use_non_causal=use_non_causal,
+            head_size=head_size,
+            use_mm_prefix=use_mm_prefix,
+        )
+        if not use_mla:
+            return backends
+        ours = AttentionBackendEnum[BACKEND_NAME]
+        return place_backend(backends, device_capability.major, priority_mode(), ours)
+
+    functools.update_wrapper(_get_backend_priorities, original)
+    cached = functools.cache(_get_backend_priorities)
+    own_clear = cached.cache_clear
+
+    def cache_clear() -> None:
+        own_clear()
+        original.cache_clear()
+
+    cached.cache_clear = cache_clear
+    cached.__wrapped__ = original
+    setattr(cached, _WRAPPED_MARK, True)
+    return cached
+
+
+def install_priority_hook(module=None) -> bool:
+    """Wrap ``module._get_backend_priorities`` (default: ``vllm.platforms.cuda`` when this process runs CUDA).
+
+    Returns True when the wrapper is in place after the call (installed now or before), False when it is not
+    (mode ``off``, not a CUDA process, or an unexpected signature: then one warning is logged).
+    """
+    if module is None:
+        module = _cuda_platform_module()
+        if module is None:
+            return False
+    current = getattr(module, "_get_backend_priorities", None)
+    if current is not None and getattr(current, _WRAPPED_MARK, False):
+        return True
+    if priority_mode() == "off":
+        return False
+    if current is None or not callable(getattr(current, "cache_clear", None)):
+        _warn_once(
+            "missing",
+            "triton-mla-sparse: %s._get_backend_priorities is missing or not cached as in vLLM 0.33; %s stays "
+            "registered (--attention-backend %s) but is not auto-selected.",
+            module.__name__, BACKEND_NAME, BACKEND_NAME,
+        )
+        return False
+    try:
+        params = tuple(inspect.signature(current).parameters)
+    except (TypeError, ValueError):
+        params = ()
+    if params != EXPECTED_PRIORITY_PARAMS:
+        _warn_once(
+            "signature",
+            "triton-mla-sparse: %s._get_backend_priorities%s differs from the vLLM 0.33 signature %s; %s stays "
+            "registered (--attention-backend %s) but is not auto-selected.",
+            module.__name__, params, EXPECTED_PRIORITY_PARAMS, BACKEND_NAME, BACKEND_NAME,
+        )
+        return False
+    module._get_backend_priorities = _make_wrapper(current)
+    return True
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point. Idempotent; safe in every vLLM process and on every platform."""
+    try:
+        _register_name()
+    except Exception:  # never take vLLM's start-up down with us
+        logger.exception("triton-mla-sparse: could not register the %s attention backend", BACKEND_NAME)
+        return
+    try:
+        install_priority_hook()
+    except Exception:
+        logger.exception("triton-mla-sparse: could not add %s to vLLM's CUDA backend priorities; it stays "
+                         "available through --attention-backend %s", BACKEND_NAME, BACKEND_NAME)

@@ -1,0 +1,505 @@
+"""``triton-mla-sparse select``: which sparse MLA attention backend vLLM will use, and why the others were rejected.
+
+Given a CUDA compute capability (or the current GPU), a model shape (``--model glm5|dsv32`` or explicit dims), the
+tensor-parallel size, the kv-cache dtype and the block size, it runs vLLM's own automatic selection for a sparse
+MLA layer: vLLM's CUDA priority list (with this package's plugin registered, so ``TRITON_MLA_SPARSE`` sits where
+``TRITON_MLA_SPARSE_PRIORITY`` puts it) and every candidate's ``validate_configuration`` under a real vLLM
+configuration of that model. It prints the backend vLLM picks (the first accepted one in the list) and, for every
+sparse candidate in vLLM's order, "accepted" or vLLM's reasons for rejecting it; ``--json`` prints the same as one
+JSON object.
+
+A capability other than the local GPU's is evaluated on this host with vLLM's device probes answering for that
+capability (vLLM's CUDA platform class with the capability substituted); checks that depend on installed packages
+(FlashInfer, FlashAttention builds, DeepGEMM) answer for this host's packages. Without vLLM (or when vLLM's CUDA
+platform module cannot be imported here) only this package's own declarations are checked and the other backends
+are not evaluated; the output says so.
+
+Pure logic: the CLI wiring calls :func:`select_main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, replace
+
+__all__ = ["MODELS", "ModelShape", "select_main", "evaluate", "parse_capability", "format_report"]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    label: str
+    model_type: str  # transformers model_type (the config class vLLM reads the model's shape from)
+    architecture: str
+    num_heads: int
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+    index_topk: int = 2048
+
+    @property
+    def head_size(self) -> int:  # what vLLM's MLA layer asks the backend for: latent + RoPE
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+MODELS = {
+    "glm5": ModelShape("GLM-5", "glm_moe_dsa", "GlmMoeDsaForCausalLM", num_heads=64, qk_nope_head_dim=192,
+                       v_head_dim=256),
+    "dsv32": ModelShape("DeepSeek-V3.2", "deepseek_v32", "DeepseekV32ForCausalLM", num_heads=128),
+}
+DTYPES = ("bfloat16", "float16")
+
+
+def parse_capability(text: str) -> tuple[int, int]:
+    """``"8.9"``, ``"89"``, ``"sm89"``, ``"sm_120"``, ``"12.0"`` -> (major, minor)."""
+    t = text.strip().lower().removeprefix("sm").removeprefix("_").removeprefix("compute_")
+    try:
+        if "." in t:
+            major, minor = (int(x) for x in t.split(".", 1))
+        else:
+            v = int(t)
+            major, minor = divmod(v, 10)
+    except ValueError:
+        raise ValueError(f"--capability: expected e.g. 8.9, 89 or sm89, got {text!r}") from None
+    if major < 1 or not 0 <= minor <= 9:
+        raise ValueError(f"--capability: expected e.g. 8.9, 89 or sm89, got {text!r}")
+    return major, minor
+
+
+def _vllm_version() -> str | None:
+    # Metadata, not find_spec: a folder named vllm on sys.path (tests/vllm under pytest) is no vLLM.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return None
+
+
+def _local_capability() -> tuple[int, int] | None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return tuple(torch.cuda.get_device_capability())
+    except Exception:
+        pass
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_vllm_logs():
+    lg = logging.getLogger("vllm")
+    old = lg.level
+    lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        lg.setLevel(old)
+
+
+@contextlib.contextmanager
+def _cuda_platform_for(cuda_mod, major: int, minor: int, simulate: bool):
+    """vLLM's current platform for the evaluation: the real one, or vLLM's CUDA platform class answering for
+    compute capability ``major.minor`` (installed as vLLM's current platform for the duration, then restored)."""
+    import vllm.platforms as platforms
+    from vllm.platforms.interface import DeviceCapability
+
+    if not simulate:
+        yield platforms.current_platform
+        return
+
+    class SimulatedCudaPlatform(cuda_mod.CudaPlatformBase):
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0):
+            return DeviceCapability(major, minor)
+
+        @classmethod
+        def get_device_name(cls, device_id: int = 0) -> str:
+            return f"simulated NVIDIA GPU SM {major}.{minor}"
+
+        @classmethod
+        def get_device_total_memory(cls, device_id: int = 0) -> int:
+            return 80 << 30
+
+        @classmethod
+        def is_fully_connected(cls, device_ids) -> bool:
+            return True
+
+    sim = SimulatedCudaPlatform()
+    old = platforms.current_platform
+    for m in list(sys.modules.values()):  # modules that bound `current_platform` when they were imported
+        if getattr(m, "current_platform", None) is old:
+            m.current_platform = sim
+    platforms._current_platform = sim
+    # Importing a backend module may run GPU code at import time (CUTLASS_MLA allocates a workspace on SM100):
+    # on this host that fails with a RuntimeError, which vLLM's loop (catching ImportError/OSError) would not
+    # record as a rejection reason. Turn it into an ImportError naming the cause.
+    get_class = cuda_mod._get_attn_backend_class
+
+    def _get_attn_backend_class(backend):
+        try:
+            return get_class(backend)
+        except (ImportError, OSError):
+            raise
+        except Exception as e:
+            raise ImportError(f"not importable on this host ({type(e).__name__}: {str(e)[:80]})") from e
+
+    cuda_mod._get_attn_backend_class = _get_attn_backend_class
+    try:
+        yield sim
+    finally:
+        cuda_mod._get_attn_backend_class = get_class
+        platforms._current_platform = old
+        for m in list(sys.modules.values()):  # incl. modules first imported during the evaluation
+            if getattr(m, "current_platform", None) is sim:
+                m.current_platform = old
+
+
+def _model_config(shape: ModelShape, dtype: str, tmp: str):
+    """A real vLLM ModelConfig for ``shape``, from a config.json written with transformers' config class."""
+    from transformers import CONFIG_MAPPING
+    from vllm.config import ModelConfig
+
+    cfg = CONFIG_MAPPING[shape.model_type]().to_dict()
+    cfg.update(
+        architectures=[shape.architecture],
+        num_attention_heads=shape.num_heads,
+        kv_lora_rank=shape.kv_lora_rank,
+        qk_nope_head_dim=shape.qk_nope_head_dim,
+        qk_rope_head_dim=shape.qk_rope_head_dim,
+        v_head_dim=shape.v_head_dim,
+        index_topk=shape.index_topk,
+        torch_dtype=dtype,
+    )
+    path = os.path.join(tmp, shape.model_type)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return ModelConfig(model=path, skip_tokenizer_init=True, dtype=dtype)
+
+
+def _evaluate_vllm(report: dict, shape: ModelShape, major: int, minor: int, simulate: bool, tp: int, dtype: str,
+                   kv_cache_dtype: str, block_size: int | None) -> None:
+    import torch
+
+    try:
+        import vllm.platforms.cuda as cuda_mod
+    except (ImportError, OSError) as e:
+        raise _NoVllm(f"vLLM's CUDA platform module did not import here ({type(e).__name__}: {e}); on a machine "
+                      f"without the NVIDIA driver, ci/vllm-env.sh provides a libcuda.so.1 stand-in") from e
+    from vllm.config import CacheConfig, VllmConfig, set_current_vllm_config
+    from vllm.config.cache import is_known_kv_cache_dtype
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    from .integrations import vllm as plugin
+
+    if not is_known_kv_cache_dtype(kv_cache_dtype):
+        raise ValueError(f"--kv-cache-dtype: {kv_cache_dtype!r} is not a vLLM kv-cache dtype")
+    plugin.register()
+    hooked = plugin.install_priority_hook(cuda_mod)
+    if not hooked:
+        report["notes"].append(f"{plugin.BACKEND_NAME} is not in vLLM's priority list "
+                               f"({plugin.PRIORITY_ENV}={plugin.priority_mode()} or an unexpected vLLM signature): "
+                               f"only --attention-backend {plugin.BACKEND_NAME} selects it")
+    cap = DeviceCapability(major, minor)
+    heads = shape.num_heads // tp
+    with _cuda_platform_for(cuda_mod, major, minor, simulate) as platform, tempfile.TemporaryDirectory() as tmp:
+        model_config = _model_config(shape, dtype, tmp)
+        cache_kwargs = {"cache_dtype": kv_cache_dtype}
+        if block_size is not None:
+            cache_kwargs["block_size"] = block_size
+        vllm_config = VllmConfig(model_config=model_config, cache_config=CacheConfig(**cache_kwargs))
+        # Set after construction: ParallelConfig checks TP against this host's GPU count, which is not the target.
+        vllm_config.parallel_config.tensor_parallel_size = tp
+        with set_current_vllm_config(vllm_config):
+            selector = AttentionSelectorConfig(
+                head_size=shape.head_size,
+                dtype=getattr(torch, dtype),
+                kv_cache_dtype=kv_cache_dtype,
+                block_size=block_size,
+                use_mla=True,
+                use_sparse=True,
+            )
+            order = cuda_mod._get_backend_priorities(
+                use_mla=True,
+                device_capability=cap,
+                num_heads=heads,
+                kv_cache_dtype=kv_cache_dtype,
+                use_non_causal=selector.use_non_causal,
+                head_size=selector.head_size,
+                use_mm_prefix=selector.use_mm_prefix,
+            )
+            valid, invalid = platform.get_valid_backends(
+                device_capability=cap, attn_selector_config=selector, num_heads=heads)
+            accepted = {c.backend: c for c in valid}
+            candidates = []
+            for prio, backend in enumerate(order):
+                try:
+                    sparse = bool(backend.get_class().is_sparse())
+                except Exception:
+                    sparse = None
+                entry = {"name": backend.name, "position": prio + 1, "sparse": sparse,
+                         "accepted": backend in accepted, "reasons": list(invalid.get(backend, (prio, []))[1])}
+                candidates.append(entry)
+            selected = min(valid, key=lambda c: c.priority).backend if valid else None
+            report["candidates"] = candidates
+            report["selected"] = selected.name if selected is not None else None
+            report["kv_cache_dtype_used"] = kv_cache_dtype
+            if selected is not None:
+                with contextlib.suppress(Exception):
+                    from vllm.model_executor.layers.attention.mla_attention import (
+                        _canonicalize_sparse_mla_kv_cache_dtype,
+                    )
+
+                    report["kv_cache_dtype_used"] = _canonicalize_sparse_mla_kv_cache_dtype(
+                        selected.get_class(), kv_cache_dtype)
+        report["device"] = platform.get_device_name() if not simulate else report["device"]
+
+
+class _NoVllm(Exception):
+    pass
+
+
+def evaluate(*, capability: tuple[int, int] | None, shape: ModelShape, tp: int = 1, dtype: str = "bfloat16",
+             kv_cache_dtype: str = "auto", block_size: int | None = None, use_vllm: bool = True) -> dict:
+    """The selection report for one configuration (see the module docstring); ``capability=None``: this GPU."""
+    from .integrations import vllm as plugin
+
+    local = _local_capability()
+    if capability is None:
+        if local is None:
+            raise ValueError("--capability: no CUDA GPU here; give the compute capability to evaluate (e.g. 8.9)")
+        capability = local
+    major, minor = capability
+    simulate = local != (major, minor)
+    if shape.num_heads % tp:
+        raise ValueError(f"--tp: {shape.num_heads} heads do not split over {tp} GPUs")
+    report = {
+        "capability": f"{major}.{minor}",
+        "device": (f"simulated SM {major}.{minor} (this host has no such GPU: vLLM's device probes answer for "
+                   f"SM {major}.{minor}, package checks for this host's installation)") if simulate else "this GPU",
+        "model": {"label": shape.label, **{k: v for k, v in asdict(shape).items() if k != "label"}},
+        "tp": tp,
+        "heads_per_gpu": shape.num_heads // tp,
+        "head_size": shape.head_size,
+        "dtype": dtype,
+        "kv_cache_dtype": kv_cache_dtype,
+        "block_size": block_size,
+        "priority_mode": plugin.priority_mode(),
+        "vllm_version": _vllm_version(),
+        "validation": None,
+        "selected": None,
+        "kv_cache_dtype_used": None,
+        "candidates": [],
+        "notes": [],
+    }
+    if use_vllm and report["vllm_version"] is not None:
+        try:
+            with _quiet_vllm_logs(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                _evaluate_vllm(report, shape, major, minor, simulate, tp, dtype, kv_cache_dtype, block_size)
+            report["validation"] = "vllm"
+            return report
+        except _NoVllm as e:
+            report["notes"].append(str(e))
+        except ValueError:
+            raise
+        except Exception as e:  # a vLLM this code does not know: say so, fall back to the declarations
+            report["notes"].append(f"vLLM's evaluation failed here ({type(e).__name__}: {e})")
+    elif report["vllm_version"] is None:
+        report["notes"].append("vLLM is not installed: only TRITON_MLA_SPARSE's own declarations were checked")
+    # This package's declarations only.
+    report["validation"] = "declarations"
+    if simulate:
+        report["device"] = "as given (no GPU probed)"
+    reasons = plugin.static_reasons(major=major, head_size=shape.head_size, dtype=dtype,
+                                    kv_cache_dtype=kv_cache_dtype, kv_lora_rank=shape.kv_lora_rank,
+                                    qk_rope_head_dim=shape.qk_rope_head_dim, index_topk=shape.index_topk)
+    idx = plugin.policy_index([], major, report["priority_mode"])
+    report["candidates"] = [{"name": plugin.BACKEND_NAME, "position": None, "sparse": True,
+                             "accepted": not reasons, "reasons": reasons}]
+    if idx is None:
+        report["notes"].append(f"{plugin.BACKEND_NAME} is not in vLLM's automatic list here "
+                               f"(mode {report['priority_mode']}, SM {major}.{minor})")
+    report["notes"].append(_policy_sentence(major, report["priority_mode"]))
+    report["selected"] = None
+    return report
+
+
+def _policy_sentence(major: int, mode: str) -> str:
+    from .integrations import vllm as plugin
+
+    name = plugin.BACKEND_NAME
+    if mode == "off":
+        return f"{plugin.PRIORITY_ENV}=off: {name} only runs when selected with --attention-backend {name}"
+    if major < plugin.MIN_CAPABILITY_MAJOR:
+        return f"{name} needs compute capability 8.0 or newer"
+    if mode == "first" or major == 8:
+        return f"{name} is placed first in vLLM's MLA list on SM {major}.x"
+    if major == 12:
+        return f"{name} is placed right after {plugin.SM120_PEER} on SM 12.x"
+    return f"{name} is placed last in vLLM's MLA list on SM {major}.x (fallback)"
+
+
+def format_report(report: dict, show_all: bool = False) -> str:
+    m = report["model"]
+    lines = []
+    how = "vLLM's own backend validation" if report["validation"] == "vllm" else "TRITON_MLA_SPARSE's declarations only"
+    lines.append(f"sparse MLA backend selection — vLLM {report['vllm_version'] or '(not installed)'}, {how}")
+    lines.append(f"  GPU:    SM {report['capability']}, {report['device']}")
+    lines.append(f"  model:  {m['label']}: {m['num_heads']} heads / TP {report['tp']} = {report['heads_per_gpu']} per "
+                 f"GPU; kv_lora_rank {m['kv_lora_rank']}, qk_nope {m['qk_nope_head_dim']}, qk_rope "
+                 f"{m['qk_rope_head_dim']}, v_head {m['v_head_dim']}, index_topk {m['index_topk']} "
+                 f"(head_size {report['head_size']})")
+    bs = report["block_size"] if report["block_size"] is not None else "auto"
+    lines.append(f"  config: dtype {report['dtype']}, kv-cache-dtype {report['kv_cache_dtype']}, block size {bs}, "
+                 f"TRITON_MLA_SPARSE_PRIORITY={report['priority_mode']}")
+    if report["validation"] == "vllm":
+        sel = report["selected"]
+        if sel is None:
+            lines.append("  => vLLM finds no valid sparse MLA backend (\"No valid attention backend found\")")
+        else:
+            kv = report["kv_cache_dtype_used"]
+            extra = f" (kv cache stored as {kv})" if kv != report["kv_cache_dtype"] else ""
+            lines.append(f"  => vLLM uses {sel}{extra}")
+        lines.append("  candidates in vLLM's priority order:")
+        dense, unknown = [], []
+        for c in report["candidates"]:
+            if not show_all and c["sparse"] is False:
+                dense.append(c["name"])
+                continue
+            if not show_all and c["sparse"] is None:
+                unknown.append(f"{c['name']} ({'; '.join(c['reasons'])})")
+                continue
+            status = "accepted" if c["accepted"] else "rejected: " + "; ".join(dict.fromkeys(c["reasons"]))
+            mark = "  <- selected" if c["name"] == sel else ""
+            lines.append(f"    {c['position']:>2}. {c['name']:<28} {status}{mark}")
+        if dense:
+            lines.append(f"    (also in the list, rejected as dense MLA backends (sparse not supported): "
+                         f"{', '.join(dense)}; --all shows them in place)")
+        if unknown:
+            lines.append(f"    (also in the list, not evaluated on this host: {', '.join(unknown)})")
+    else:
+        for c in report["candidates"]:
+            status = "accepted" if c["accepted"] else "rejected: " + "; ".join(c["reasons"])
+            lines.append(f"  {c['name']}: {status}")
+    for note in report["notes"]:
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="triton-mla-sparse select",
+        description="Which sparse MLA attention backend vLLM will use for a model on a GPU, and why the others "
+                    "are rejected (vLLM's own validation when vLLM is installed).")
+    p.add_argument("--capability", "-c", help="CUDA compute capability, e.g. 8.9, 89 or sm89, or a comma-separated "
+                   "list (default: this GPU)")
+    p.add_argument("--model", "-m", choices=sorted(MODELS), help="model shape: glm5 (GLM-5/5.1) or dsv32 "
+                   "(DeepSeek-V3.2); the dims below override it")
+    p.add_argument("--heads", type=int, help="attention heads of the whole model (before TP)")
+    p.add_argument("--kv-lora-rank", type=int)
+    p.add_argument("--qk-nope", type=int, help="qk_nope_head_dim")
+    p.add_argument("--qk-rope", type=int, help="qk_rope_head_dim (0 for NoPE models)")
+    p.add_argument("--v-head", type=int, help="v_head_dim")
+    p.add_argument("--index-topk", type=int)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="vLLM's --kv-cache-dtype: auto, bfloat16, fp8, fp8_e4m3, fp8_ds_mla, ... or a comma-separated "
+                   "list (default auto)")
+    p.add_argument("--block-size", type=int, help="vLLM's --block-size (default: not given, vLLM picks)")
+    p.add_argument("--no-vllm", action="store_true", help="check only TRITON_MLA_SPARSE's declarations")
+    p.add_argument("--all", action="store_true", help="also list the dense MLA backends of vLLM's list")
+    p.add_argument("--details", action="store_true", help="with several configurations: also the full reports")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object (a list for several)")
+    return p
+
+
+def _ok(report: dict) -> bool:
+    if report["validation"] == "vllm":
+        return report["selected"] is not None
+    return bool(report["candidates"]) and report["candidates"][0]["accepted"]
+
+
+def format_table(reports: list[dict]) -> str:
+    """One line per (capability, kv-cache dtype): the backend vLLM uses and how TRITON_MLA_SPARSE fared."""
+    from .integrations.vllm import BACKEND_NAME
+
+    r0 = reports[0]
+    m = r0["model"]
+    how = "vLLM's own backend validation" if r0["validation"] == "vllm" else "TRITON_MLA_SPARSE's declarations only"
+    lines = [f"sparse MLA backend selection — vLLM {r0['vllm_version'] or '(not installed)'}, {how}",
+             f"model {m['label']}: {m['num_heads']} heads / TP {r0['tp']} = {r0['heads_per_gpu']} per GPU, head_size "
+             f"{r0['head_size']}, index_topk {m['index_topk']}; dtype {r0['dtype']}; TRITON_MLA_SPARSE_PRIORITY="
+             f"{r0['priority_mode']}",
+             f"{'SM':<5} {'kv-cache-dtype':<15} {'vLLM uses':<29} {BACKEND_NAME}"]
+    for r in reports:
+        ours = next((c for c in r["candidates"] if c["name"] == BACKEND_NAME), None)
+        if ours is None:
+            mine = "not in vLLM's list"
+        else:
+            pos = f"#{ours['position']}/{len(r['candidates'])} " if ours["position"] is not None else ""
+            mine = pos + ("accepted" if ours["accepted"] else "rejected: " + "; ".join(dict.fromkeys(ours["reasons"])))
+        uses = r["selected"] or ("-" if r["validation"] == "vllm" else "(vLLM not evaluated)")
+        if r["selected"] and r["kv_cache_dtype_used"] != r["kv_cache_dtype"]:
+            uses += f" ({r['kv_cache_dtype_used']})"
+        lines.append(f"{r['capability']:<5} {r['kv_cache_dtype']:<15} {uses:<29} {mine}")
+    if any(r["validation"] == "vllm" and r["device"] != "this GPU" for r in reports):
+        lines.append("(capabilities other than this host's GPU are simulated: vLLM's device probes answer for them, "
+                     "package checks for this host's installation)")
+    return "\n".join(lines)
+
+
+def select_main(argv: list[str] | None = None) -> int:
+    """CLI entry: 0 when vLLM selects a backend for every requested configuration (without vLLM: when
+    TRITON_MLA_SPARSE's own checks pass), 1 when some configuration has none, 2 on bad arguments.
+
+    ``--capability`` and ``--kv-cache-dtype`` take comma-separated lists; several configurations print one table
+    line each (``--details`` adds the full reports; ``--json`` prints a list of reports)."""
+    args = _parser().parse_args(argv)
+    try:
+        capabilities = [parse_capability(c) for c in args.capability.split(",")] if args.capability else [None]
+        kv_dtypes = [k.strip() for k in args.kv_cache_dtype.split(",") if k.strip()]
+        if args.model is None and args.heads is None:
+            raise ValueError("--model: give --model glm5|dsv32 or at least --heads (other dims default to "
+                             "DeepSeek-V3.2's)")
+        shape = MODELS[args.model] if args.model else replace(MODELS["dsv32"], label="custom")
+        dims = {"num_heads": args.heads, "kv_lora_rank": args.kv_lora_rank, "qk_nope_head_dim": args.qk_nope,
+                "qk_rope_head_dim": args.qk_rope, "v_head_dim": args.v_head, "index_topk": args.index_topk}
+        dims = {k: v for k, v in dims.items() if v is not None}
+        if dims:
+            shape = replace(shape, **dims, label=shape.label + (" (custom dims)" if args.model else ""))
+        if args.tp < 1:
+            raise ValueError(f"--tp: expected a positive integer, got {args.tp}")
+        reports = [evaluate(capability=cap, shape=shape, tp=args.tp, dtype=args.dtype, kv_cache_dtype=kv,
+                            block_size=args.block_size, use_vllm=not args.no_vllm)
+                   for cap in capabilities for kv in kv_dtypes]
+    except ValueError as e:
+        print(f"triton-mla-sparse select: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
+    elif len(reports) == 1:
+        print(format_report(reports[0], show_all=args.all))
+    else:
+        print(format_table(reports))
+        if args.details:
+            for r in reports:
+                print()
+                print(format_report(r, show_all=args.all))
+    return 0 if all(_ok(r) for r in reports) else 1
+
+
+if __name__ == "__main__":  # python -m triton_mla_sparse.select
+    sys.exit(select_main())

@@ -1,0 +1,251 @@
+"""TritonMLASparseImpl._forward_mqa_kernel (vLLM's sparse-MLA hook) against the reference, on CPU tensors.
+
+The impl is constructed by vLLM's real base classes (SparseMLACommonImpl, AttentionImplBase.__new__) inside vLLM's
+single-process distributed state. Inputs look like what vLLM's ``SparseMLACommonImpl.forward_mqa`` hands the hook:
+q as the tuple ``(ql_nope, q_pe)`` with a non-contiguous ``ql_nope`` and a ``q_pe`` that is a view into the
+projected query; a paged cache whose blocks sit ``block_stride_rows > block_size`` rows apart (other layers' pages
+in between, filled with NaN here so that reading one fails the test); indices in vLLM's flat-row addressing
+(``block · block_stride_rows + offset``, valid entries compacted to the front, -1 after) with ``valid_counts``.
+(vLLM's own index conversion is a Triton kernel that does not run on this CPU host; the indices are built the way
+it documents.) The kernels run through Triton's interpreter, in float16 (the interpreter's bf16 dots are garbage).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import types
+
+import pytest
+import torch
+
+import triton_mla_sparse as tms
+from triton_mla_sparse import reference
+
+# The interpreter evaluates log2(0) / x/0 on masked lanes of empty rows (results discarded).
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+
+
+@pytest.fixture(scope="module")
+def dist_env():
+    """vLLM's distributed state for one CPU process (gloo), as a worker has it before building layers."""
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed.parallel_state import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+        ensure_model_parallel_initialized,
+        init_distributed_environment,
+    )
+
+    vc = VllmConfig(device_config=DeviceConfig(device="cpu"))
+    with set_current_vllm_config(vc), tempfile.TemporaryDirectory() as tmp:
+        init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"file://{tmp}/init",
+                                     local_rank=0, backend="gloo")
+        ensure_model_parallel_initialized(1, 1)
+        try:
+            yield vc
+        finally:
+            destroy_model_parallel()
+            destroy_distributed_environment()
+
+
+MODEL_DIMS = {  # (heads per GPU at TP 8, qk_nope, qk_rope, v_head)
+    "glm5": (8, 192, 64, 256),
+    "dsv32": (16, 128, 64, 128),
+    "nope": (8, 256, 0, 256),  # GLM-5.3-Flash-like NoPE layer: head_size 512
+}
+
+
+def make_impl(model: str, kv_cache_dtype: str):
+    from triton_mla_sparse.integrations.vllm_backend import TritonMLASparseImpl
+
+    heads, nope, rope, v = MODEL_DIMS[model]
+    return TritonMLASparseImpl(
+        num_heads=heads, head_size=512 + rope, scale=(nope + rope) ** -0.5, num_kv_heads=1, alibi_slopes=None,
+        sliding_window=None, kv_cache_dtype=kv_cache_dtype, logits_soft_cap=None, attn_type="decoder",
+        kv_sharing_target_layer_name=None, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope, qk_head_dim=nope + rope, v_head_dim=v, kv_b_proj=None)
+
+
+def _poison(dtype: torch.dtype):
+    if dtype == torch.uint8:
+        return 0xFF  # e4m3 NaN latents and NaN float32 scales
+    return float("nan")
+
+
+def make_case(kv_cache_dtype: str, model: str, *, T=5, topk=64, block_size=16, num_blocks=6, gap_rows=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    heads, nope, rope, _ = MODEL_DIMS[model]
+    d_qk = 512 + rope
+    n_slots = num_blocks * block_size
+    vals = torch.randn(n_slots, d_qk, generator=g)
+    for c, gain in enumerate((1.0, 0.25, 2.0, 0.5)):
+        vals[:, 128 * c:128 * (c + 1)] *= gain
+    k_scale = None
+    if kv_cache_dtype == "fp8_ds_mla":
+        full = vals if rope else torch.cat([vals, torch.zeros(n_slots, 64)], dim=-1)
+        stored = tms.quantize_fp8_ds_mla(full, scale_format="fp32")  # GLM writers: arbitrary float32 scales
+        kv_format = "fp8_ds_mla"
+    elif kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        k_scale = 0.0125
+        stored = (vals / k_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+        kv_format = "fp8_e4m3"
+    else:
+        stored = vals.to(torch.float16)
+        kv_format = "fp16"
+    row = stored.shape[-1]
+    # Blocks gap_rows rows apart beyond block_size: other layers' pages, poisoned.
+    bsr = block_size + gap_rows
+    buf = torch.empty(num_blocks, bsr, row, dtype=stored.dtype)
+    buf.view(torch.uint8 if stored.dtype == torch.float8_e4m3fn else stored.dtype).fill_(
+        _poison(torch.uint8 if stored.dtype == torch.float8_e4m3fn else stored.dtype))
+    kv_cache = buf[:, :block_size]
+    kv_cache.copy_(stored.view(num_blocks, block_size, row))
+    assert kv_cache.stride(0) == bsr * row
+
+    # Per-row slot lists: random distinct logical slots, compacted to the front; row 1 has none, row 2 one.
+    counts = torch.randint(topk // 2, topk + 1, (T,), generator=g)
+    counts[1], counts[2] = 0, 1  # T >= 3
+    logical = torch.full((T, topk), -1, dtype=torch.int32)
+    physical = torch.full((T, topk), -1, dtype=torch.int32)
+    for t in range(T):
+        n = int(counts[t])
+        s = torch.randperm(n_slots, generator=g)[:n].to(torch.int32)
+        logical[t, :n] = s
+        physical[t, :n] = (s // block_size) * bsr + s % block_size
+    valid_counts = counts.to(torch.int32)
+
+    # q as vLLM builds it: ql_nope from a (N, B, L) bmm output viewed (B, N, L); q_pe a view into q [B, N, nope+rope].
+    ql_nope = torch.randn(heads, T, 512, generator=g).to(torch.float16).transpose(0, 1)
+    q_full = torch.randn(T, heads, nope + rope, generator=g).to(torch.float16)
+    q_pe = q_full[..., nope:]
+    return dict(q=(ql_nope, q_pe), kv_cache=kv_cache, dense_cache=kv_cache.contiguous(), logical=logical,
+                physical=physical, valid_counts=valid_counts, kv_format=kv_format, k_scale=k_scale,
+                block_size=block_size, layer=types.SimpleNamespace(
+                    _k_scale=torch.tensor(k_scale if k_scale else 1.0, dtype=torch.float32),
+                    _k_scale_float=k_scale if k_scale else 1.0))
+
+
+def check(impl, case, out, lse):
+    q_nope, q_pe = case["q"]
+    ref_out, ref_lse = reference.sparse_mla_attention(
+        (q_nope, q_pe if q_pe.shape[-1] else None), case["dense_cache"], case["logical"], impl.scale,
+        kv_format=case["kv_format"], k_scale=case["k_scale"], topk_length=case["valid_counts"], return_lse=True,
+        out_dtype=torch.float32)
+    assert out.shape == ref_out.shape and out.dtype == torch.float16
+    assert torch.isfinite(out).all(), "read a poisoned row between blocks"
+    err = (out.float() - ref_out).norm() / ref_out.norm()
+    assert err < 2.5e-3, f"relative L2 error {err:.3g}"
+    empty = case["valid_counts"] == 0
+    assert (out[empty] == 0).all()
+    if lse is not None:
+        assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape
+        assert torch.isneginf(lse[empty]).all()
+        assert torch.allclose(lse[~empty], ref_lse[~empty].float(), atol=5e-3, rtol=0)
+
+
+@pytest.mark.parametrize("model,kv_cache_dtype", [
+    ("glm5", "auto"),
+    ("glm5", "fp8_ds_mla"),
+    ("dsv32", "fp8"),
+    ("dsv32", "fp8_ds_mla"),
+    ("nope", "auto"),
+])
+def test_forward_mqa_kernel_matches_reference(dist_env, model, kv_cache_dtype):
+    impl = make_impl(model, kv_cache_dtype)
+    case = make_case(kv_cache_dtype, model)
+    out, lse = impl._forward_mqa_kernel(case["q"], case["kv_cache"], case["physical"], case["valid_counts"],
+                                        layer=case["layer"], block_size=case["block_size"], is_decode=True)
+    assert lse is None  # vLLM did not ask (no decode context parallelism)
+    check(impl, case, out, None)
+
+
+def test_forward_mqa_kernel_vllm_sized_lists(dist_env):
+    """vLLM's shapes: block size 64, top-k 2048 (DeepSeek-V3.2 at TP 8, fp8_ds_mla)."""
+    impl = make_impl("dsv32", "fp8_ds_mla")
+    case = make_case("fp8_ds_mla", "dsv32", T=3, topk=2048, block_size=64, num_blocks=40, gap_rows=64, seed=3)
+    out, _ = impl._forward_mqa_kernel(case["q"], case["kv_cache"], case["physical"], case["valid_counts"],
+                                      layer=case["layer"], block_size=case["block_size"], is_decode=True)
+    check(impl, case, out, None)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_ds_mla"])
+def test_forward_mqa_kernel_returns_lse_when_asked(dist_env, kv_cache_dtype):
+    impl = make_impl("glm5", kv_cache_dtype)
+    impl.need_to_return_lse_for_decode = True  # what AttentionImplBase.__new__ sets under DCP
+    case = make_case(kv_cache_dtype, "glm5", seed=1)
+    out, lse = impl._forward_mqa_kernel(case["q"], case["kv_cache"], case["physical"], case["valid_counts"],
+                                        layer=case["layer"], block_size=case["block_size"], is_decode=False)
+    assert lse is not None
+    check(impl, case, out, lse)
+
+
+def test_forward_mqa_kernel_fused_q_and_uint8_fp8_view(dist_env):
+    """A fused [T, H, 576] q (vLLM concatenates under DCP) and a per-tensor fp8 cache still viewed as uint8."""
+    impl = make_impl("dsv32", "fp8")
+    case = make_case("fp8", "dsv32", seed=2)
+    q_fused = torch.cat(case["q"], dim=-1)
+    out, _ = impl._forward_mqa_kernel(q_fused, case["kv_cache"].view(torch.uint8), case["physical"],
+                                      case["valid_counts"], layer=case["layer"], block_size=case["block_size"],
+                                      is_decode=True)
+    check(impl, case, out, None)
+
+
+def test_impl_constructs_on_cpu_and_declares(dist_env):
+    from triton_mla_sparse.integrations.vllm_backend import TritonMLASparseImpl
+
+    impl = make_impl("glm5", "fp8_ds_mla")
+    assert impl.is_sparse and impl.supports_dense_mha_prefill and impl.lse_base_on_e
+    assert impl.can_return_lse_for_decode and not impl.supports_quant_query_input
+    assert impl.dcp_world_size == 1 and impl.need_to_return_lse_for_decode is False
+    assert impl.kv_format == "fp8_ds_mla" and math.isclose(impl.scale, 256 ** -0.5)
+    assert hasattr(impl, "record_logical_topk_ready")  # the model calls it unconditionally
+    assert issubclass(TritonMLASparseImpl, __import__(
+        "vllm.model_executor.layers.attention.sparse_mla_attention", fromlist=["x"]).SparseMLACommonImpl)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(kv_cache_dtype="nvfp4_ds_mla"), "kv_cache_dtype"),
+    (dict(sliding_window=128), "sliding window"),
+    (dict(attn_type="encoder"), "decoder"),
+])
+def test_impl_rejects_unsupported(dist_env, kwargs, match):
+    from triton_mla_sparse.integrations.vllm_backend import TritonMLASparseImpl
+
+    args = dict(num_heads=8, head_size=576, scale=0.0625, num_kv_heads=1, alibi_slopes=None, sliding_window=None,
+                kv_cache_dtype="auto", logits_soft_cap=None, attn_type="decoder", kv_sharing_target_layer_name=None,
+                q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, qk_head_dim=256,
+                v_head_dim=256, kv_b_proj=None)
+    args.update(kwargs)
+    with pytest.raises(NotImplementedError, match=match):
+        TritonMLASparseImpl(**args)
+
+
+@pytest.mark.parametrize("kv_cache_dtype,row_bytes", [("fp8_ds_mla", 656), ("auto", 1152)])
+def test_backend_spec_and_metadata_builder(cuda_platform_module, vllm_configs, monkeypatch, kv_cache_dtype,
+                                           row_bytes):
+    """The builder constructs under a GLM-5 config (TP 8): decode threshold 1 and CUDA graphs for uniform decode
+    batches; the spec puts blocks a whole number of cache rows apart (flat-row addressing)."""
+    import vllm.model_executor.layers.attention.sparse_mla_attention as sparse_mla
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.backend import AttentionCGSupport
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    from triton_mla_sparse.integrations.vllm_backend import TritonMLASparseBackend, TritonMLASparseMetadataBuilder
+
+    monkeypatch.setattr(sparse_mla, "PIN_MEMORY", False)  # pinned host buffers need the NVIDIA driver
+    vc = vllm_configs["glm5"]
+    layer = f"model.layers.0.self_attn.attn.{kv_cache_dtype}"
+    vc.compilation_config.static_forward_context[layer] = types.SimpleNamespace(prefill_backend=None)
+    spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576,
+                            dtype=torch.uint8 if kv_cache_dtype == "fp8_ds_mla" else torch.bfloat16,
+                            cache_dtype_str=kv_cache_dtype,
+                            state_content_bytes=656 if kv_cache_dtype == "fp8_ds_mla" else None)
+    spec = TritonMLASparseBackend.customize_spec(spec)
+    assert spec.block_stride_alignment == row_bytes
+    assert TritonMLASparseBackend.get_builder_cls() is TritonMLASparseMetadataBuilder
+    with set_current_vllm_config(vc):
+        builder = TritonMLASparseMetadataBuilder(spec, [layer], vc, torch.device("cpu"))
+    assert builder.reorder_batch_threshold == 1
+    assert builder.topk_tokens == 2048
+    assert TritonMLASparseMetadataBuilder.get_cudagraph_support(vc, spec) == AttentionCGSupport.UNIFORM_BATCH

@@ -1,0 +1,225 @@
+"""The plugin against the real vLLM 0.33.0: entry point, vLLM's plugin loader, registry, CUDA priority lists."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import types
+from importlib.metadata import entry_points
+
+import pytest
+
+from triton_mla_sparse.integrations import vllm as plugin
+
+CAPABILITIES = [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
+KV_DTYPES = [None, "auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_ds_mla"]
+
+
+@pytest.fixture
+def fresh_priorities(cuda_platform_module, monkeypatch):
+    """Empty the priority caches around a test (the wrapper reads TRITON_MLA_SPARSE_PRIORITY when it computes)."""
+    monkeypatch.delenv(plugin.PRIORITY_ENV, raising=False)
+    cuda_platform_module._get_backend_priorities.cache_clear()
+    yield cuda_platform_module
+    cuda_platform_module._get_backend_priorities.cache_clear()
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def plugin_log(monkeypatch):
+    handler = _Records()
+    plugin.logger.addHandler(handler)
+    monkeypatch.setattr(plugin, "_warned", set())
+    yield handler.records
+    plugin.logger.removeHandler(handler)
+
+
+def test_entry_point_is_installed():
+    (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "triton_mla_sparse"]
+    assert ep.value == "triton_mla_sparse.integrations.vllm:register"
+    assert ep.load() is plugin.register
+
+
+def test_vllm_plugin_loader_finds_and_runs_register_twice(cuda_platform_module):
+    import vllm.plugins as vllm_plugins
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    found = vllm_plugins.load_plugins_by_group(vllm_plugins.DEFAULT_PLUGINS_GROUP)
+    assert found["triton_mla_sparse"] is plugin.register
+    for _ in range(2):  # as in two processes / two plugin loads: vLLM's real loader, from scratch each time
+        vllm_plugins.plugins_loaded = False
+        vllm_plugins.load_general_plugins()
+
+    from triton_mla_sparse.integrations.vllm_backend import TritonMLASparseBackend
+
+    member = AttentionBackendEnum["TRITON_MLA_SPARSE"]
+    assert member.get_class() is TritonMLASparseBackend
+    assert member.get_path() == plugin.BACKEND_CLASS_PATH
+    assert list(AttentionBackendEnum.__members__).count("TRITON_MLA_SPARSE") == 1
+    wrapped = cuda_platform_module._get_backend_priorities
+    assert getattr(wrapped, plugin._WRAPPED_MARK)
+    assert not getattr(wrapped.__wrapped__, plugin._WRAPPED_MARK, False), "wrapped twice"
+
+
+def test_attention_backend_cli_name_resolves(cuda_platform_module):
+    """`--attention-backend TRITON_MLA_SPARSE` through vLLM's own argument parser and AttentionConfig."""
+    from vllm.config import AttentionConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from triton_mla_sparse.select import _cuda_platform_for
+
+    with _cuda_platform_for(cuda_platform_module, 8, 9, simulate=True):  # vLLM's CLI defaults need a device
+        parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+        args = parser.parse_args(["--model", "some/model", "--attention-backend", "TRITON_MLA_SPARSE"])
+        engine_args = EngineArgs.from_cli_args(args)
+    for name in (engine_args.attention_backend, "triton_mla_sparse"):
+        backend = AttentionConfig(backend=name).backend
+        assert backend is AttentionBackendEnum.TRITON_MLA_SPARSE
+        assert backend.get_class().get_name() == "TRITON_MLA_SPARSE"
+
+
+def _expected_index(names: list[str], major: int) -> int:
+    if major == 8:
+        return 0
+    if major == 12:
+        return names.index("FLASHINFER_MLA_SPARSE_SM120") + 1
+    return len(names)
+
+
+@pytest.mark.parametrize("cap", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
+@pytest.mark.parametrize("kv", KV_DTYPES)
+@pytest.mark.parametrize("heads,head_size", [(8, 576), (16, 576), (8, 512)])
+def test_cuda_priorities_place_backend_per_policy(fresh_priorities, cap, kv, heads, head_size):
+    from vllm.platforms.interface import DeviceCapability
+
+    cuda_mod = fresh_priorities
+    kwargs = dict(use_mla=True, device_capability=DeviceCapability(*cap), num_heads=heads, kv_cache_dtype=kv,
+                  use_non_causal=False, head_size=head_size, use_mm_prefix=False)
+    original = [b.name for b in cuda_mod._get_backend_priorities.__wrapped__(**kwargs)]
+    got = [b.name for b in cuda_mod._get_backend_priorities(**kwargs)]
+    assert "TRITON_MLA_SPARSE" not in original
+    assert got.count("TRITON_MLA_SPARSE") == 1
+    assert got.index("TRITON_MLA_SPARSE") == _expected_index(original, cap[0])
+    assert [n for n in got if n != "TRITON_MLA_SPARSE"] == original  # vLLM's own order untouched
+    if cap[0] == 12:
+        assert got[got.index("TRITON_MLA_SPARSE") - 1] == "FLASHINFER_MLA_SPARSE_SM120"
+    if cap[0] in (9, 10):
+        assert got[-1] == "TRITON_MLA_SPARSE"
+
+
+def test_cuda_priorities_leave_other_lists_alone(fresh_priorities):
+    from vllm.platforms.interface import DeviceCapability
+
+    cuda_mod = fresh_priorities
+    for cap in CAPABILITIES:
+        dense = cuda_mod._get_backend_priorities(use_mla=False, device_capability=DeviceCapability(*cap))
+        assert dense == cuda_mod._get_backend_priorities.__wrapped__(False, DeviceCapability(*cap))
+        assert "TRITON_MLA_SPARSE" not in [b.name for b in dense]
+    for cap in [(7, 5), (7, 0)]:  # below SM80: not added
+        mla = cuda_mod._get_backend_priorities(use_mla=True, device_capability=DeviceCapability(*cap))
+        assert "TRITON_MLA_SPARSE" not in [b.name for b in mla]
+
+
+@pytest.mark.parametrize("mode", ["first", "off", "default", "bogus"])
+def test_priority_env_variable(fresh_priorities, monkeypatch, plugin_log, mode):
+    from vllm.platforms.interface import DeviceCapability
+
+    cuda_mod = fresh_priorities
+    monkeypatch.setenv(plugin.PRIORITY_ENV, mode)
+    cuda_mod._get_backend_priorities.cache_clear()
+    for cap in CAPABILITIES:
+        names = [b.name for b in cuda_mod._get_backend_priorities(
+            use_mla=True, device_capability=DeviceCapability(*cap), num_heads=8, kv_cache_dtype="auto",
+            head_size=576)]
+        if mode == "off":
+            assert "TRITON_MLA_SPARSE" not in names
+        elif mode == "first":
+            assert names[0] == "TRITON_MLA_SPARSE"
+        else:
+            original = [n for n in names if n != "TRITON_MLA_SPARSE"]
+            assert names.index("TRITON_MLA_SPARSE") == _expected_index(original, cap[0])
+    warned = [r for r in plugin_log if r.levelno == logging.WARNING]
+    assert len(warned) == (1 if mode == "bogus" else 0)
+
+
+def test_cache_clear_empties_wrapper_and_vllm_cache(fresh_priorities):
+    from vllm.platforms.interface import DeviceCapability
+
+    cuda_mod = fresh_priorities
+    cuda_mod._get_backend_priorities(use_mla=True, device_capability=DeviceCapability(8, 9))
+    assert cuda_mod._get_backend_priorities.cache_info().currsize >= 1
+    assert cuda_mod._get_backend_priorities.__wrapped__.cache_info().currsize >= 1
+    cuda_mod._get_backend_priorities.cache_clear()
+    assert cuda_mod._get_backend_priorities.cache_info().currsize == 0
+    assert cuda_mod._get_backend_priorities.__wrapped__.cache_info().currsize == 0
+
+
+def _fake_cuda_module(fn):
+    mod = types.ModuleType("fake_vllm_platforms_cuda")
+    mod._get_backend_priorities = fn
+    return mod
+
+
+def test_unexpected_signature_warns_once_and_keeps_registration(cuda_platform_module, plugin_log):
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    @functools.cache
+    def _get_backend_priorities(use_mla, device_capability, num_heads=None, attn_selector=None):
+        return ["X"]
+
+    mod = _fake_cuda_module(_get_backend_priorities)
+    assert plugin.install_priority_hook(mod) is False
+    assert plugin.install_priority_hook(mod) is False
+    assert mod._get_backend_priorities is _get_backend_priorities  # left alone
+    warned = [r for r in plugin_log if r.levelno == logging.WARNING]
+    assert len(warned) == 1
+    msg = warned[0].getMessage()
+    assert "differs from the vLLM 0.33 signature" in msg and "--attention-backend TRITON_MLA_SPARSE" in msg
+    assert AttentionBackendEnum["TRITON_MLA_SPARSE"].get_path() == plugin.BACKEND_CLASS_PATH
+
+
+def test_hook_on_a_fresh_module_with_the_expected_signature(cuda_platform_module, monkeypatch):
+    """install_priority_hook wraps once, honours `off` at install time, and keeps vLLM's function reachable."""
+    original = cuda_platform_module._get_backend_priorities.__wrapped__
+    monkeypatch.setenv(plugin.PRIORITY_ENV, "off")
+    mod = _fake_cuda_module(original)
+    assert plugin.install_priority_hook(mod) is False and mod._get_backend_priorities is original
+    monkeypatch.delenv(plugin.PRIORITY_ENV)
+    assert plugin.install_priority_hook(mod) is True
+    first = mod._get_backend_priorities
+    assert plugin.install_priority_hook(mod) is True and mod._get_backend_priorities is first
+    assert first.__wrapped__ is original
+
+
+def test_register_is_idempotent_and_safe(cuda_platform_module):
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    before = cuda_platform_module._get_backend_priorities
+    n = len(AttentionBackendEnum.__members__)
+    for _ in range(3):
+        plugin.register()
+    assert cuda_platform_module._get_backend_priorities is before
+    assert len(AttentionBackendEnum.__members__) == n
+
+
+def test_policy_index_pure():
+    assert plugin.policy_index(["A", "B"], 8) == 0
+    assert plugin.policy_index(["A", "FLASHINFER_MLA_SPARSE_SM120", "B"], 12) == 2
+    assert plugin.policy_index(["A"], 12) == 1
+    assert plugin.policy_index(["A", "B"], 9) == 2
+    assert plugin.policy_index(["A", "B"], 10) == 2
+    assert plugin.policy_index(["A", "B"], 11) == 2
+    assert plugin.policy_index(["A", "B"], 7) is None
+    assert plugin.policy_index(["A", "B"], 10, "first") == 0
+    assert plugin.policy_index(["A", "B"], 8, "off") is None
+    assert plugin.policy_index(["TRITON_MLA_SPARSE"], 8) is None

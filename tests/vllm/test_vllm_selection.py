@@ -1,0 +1,165 @@
+"""vLLM 0.33.0's own validation and automatic selection with TRITON_MLA_SPARSE, and the `select` command.
+
+GLM-5 (64 heads, TP 8 -> 8 per GPU, qk_nope 192) and DeepSeek-V3.2 (128 heads, TP 8 -> 16 per GPU) as real vLLM
+ModelConfigs (config.json from transformers' config classes, read by vLLM's own config loader).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from triton_mla_sparse.integrations import vllm as plugin
+from triton_mla_sparse.select import MODELS, evaluate, select_main
+
+CAPABILITIES = [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
+ACCEPTED_KV = ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_ds_mla"]
+
+
+def validate(vllm_config, **overrides):
+    """TritonMLASparseBackend.validate_configuration — vLLM's aggregate of the backend's declarations — under the
+    model's VllmConfig, for a sparse MLA decoder layer unless overridden."""
+    from vllm.config import set_current_vllm_config
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    args = dict(head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=None, use_mla=True,
+                has_sink=False, use_sparse=True, use_mm_prefix=False, use_per_head_quant_scales=False,
+                device_capability=DeviceCapability(8, 9), attn_type="decoder")
+    args.update(overrides)
+    if isinstance(args["device_capability"], tuple):
+        args["device_capability"] = DeviceCapability(*args["device_capability"])
+    backend = AttentionBackendEnum["TRITON_MLA_SPARSE"].get_class()
+    with set_current_vllm_config(vllm_config):
+        return backend.validate_configuration(**args)
+
+
+@pytest.mark.parametrize("model", ["glm5", "dsv32"])
+@pytest.mark.parametrize("cap", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
+def test_vllm_validation_accepts(cuda_platform_module, vllm_configs, model, cap):
+    vc = vllm_configs[model]
+    assert vc.model_config.get_num_attention_heads(vc.parallel_config) == MODELS[model].num_heads // 8
+    assert vc.model_config.get_head_size() == 576
+    for kv in ACCEPTED_KV:
+        for block_size in (None, 64, 16):
+            for dtype in (torch.bfloat16, torch.float16):
+                assert validate(vc, device_capability=cap, kv_cache_dtype=kv, block_size=block_size,
+                                dtype=dtype) == [], (kv, block_size, dtype)
+    assert validate(vc, device_capability=cap, head_size=512) == []  # NoPE layers
+
+
+@pytest.mark.parametrize("overrides,reason", [
+    (dict(device_capability=(7, 5)), "compute capability not supported"),
+    (dict(device_capability=(7, 0)), "compute capability not supported"),
+    (dict(kv_cache_dtype="nvfp4_ds_mla"), "kv_cache_dtype not supported"),
+    (dict(kv_cache_dtype="fp8_e5m2"), "kv_cache_dtype not supported"),
+    (dict(dtype=torch.float32), "dtype not supported"),
+    (dict(head_size=128), "head_size not supported"),
+    (dict(use_sparse=False), "non-sparse not supported"),
+    (dict(use_mla=False), "non-MLA not supported"),
+    (dict(has_sink=True), "attention sinks not supported"),
+    (dict(attn_type="encoder_only"), "attention type encoder_only not supported"),
+    (dict(use_pcp=True), "PCP not supported"),
+])
+def test_vllm_validation_rejects_with_reason(cuda_platform_module, vllm_configs, overrides, reason):
+    reasons = validate(vllm_configs["glm5"], **overrides)
+    assert reason in reasons
+
+
+def test_vllm_validation_rejects_other_model_shapes(cuda_platform_module, tmp_path):
+    from dataclasses import replace
+
+    from vllm.config import DeviceConfig, VllmConfig
+
+    from triton_mla_sparse.select import _model_config
+
+    for dims, reason in [(dict(kv_lora_rank=256), "requires kv_lora_rank 512, got 256"),
+                         (dict(qk_rope_head_dim=32), "requires qk_rope_head_dim 64 (or 0 for NoPE), got 32")]:
+        shape = replace(MODELS["dsv32"], **dims)
+        vc = VllmConfig(model_config=_model_config(shape, "bfloat16", str(tmp_path)),
+                        device_config=DeviceConfig(device="cpu"))
+        reasons = validate(vc, head_size=shape.head_size)
+        assert any(reason in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("model", ["glm5", "dsv32"])
+def test_vllm_selects_per_policy(cuda_platform_module, model):
+    """vLLM's CUDA priority list + every candidate's validate_configuration (vLLM's get_valid_backends), with
+    vLLM's device probes answering for each capability."""
+    for cap in CAPABILITIES:
+        for kv in ("bfloat16", "fp8_ds_mla", "auto", "fp8"):
+            r = evaluate(capability=cap, shape=MODELS[model], tp=8, kv_cache_dtype=kv)
+            assert r["validation"] == "vllm"
+            names = [c["name"] for c in r["candidates"]]
+            ours = r["candidates"][names.index("TRITON_MLA_SPARSE")]
+            assert ours["accepted"], (cap, kv, ours["reasons"])
+            first_accepted = next(c["name"] for c in r["candidates"] if c["accepted"])
+            assert r["selected"] == first_accepted
+            where = (cap, kv, r["selected"])
+            if cap[0] == 8:
+                assert ours["position"] == 1 and r["selected"] == "TRITON_MLA_SPARSE", where
+            elif cap[0] == 12:
+                assert names[names.index("TRITON_MLA_SPARSE") - 1] == "FLASHINFER_MLA_SPARSE_SM120"
+                if kv == "bfloat16":  # FlashInfer's SM120 kernel only takes fp8_ds_mla
+                    assert r["selected"] == "TRITON_MLA_SPARSE", where
+            else:
+                assert names[-1] == "TRITON_MLA_SPARSE"
+                others = [c for c in r["candidates"] if c["accepted"] and c["name"] != "TRITON_MLA_SPARSE"]
+                assert (r["selected"] == "TRITON_MLA_SPARSE") == (not others), where
+
+
+def test_vllm_selection_kv_dtype_canonicalisation(cuda_platform_module):
+    """vLLM turns fp8 into fp8_ds_mla only for FLASHMLA_SPARSE / FLASHINFER_MLA_SPARSE_SM120; ours keeps per-tensor
+    fp8 (the kv-cache-dtype note of the README)."""
+    r = evaluate(capability=(8, 9), shape=MODELS["glm5"], tp=8, kv_cache_dtype="fp8")
+    assert r["selected"] == "TRITON_MLA_SPARSE" and r["kv_cache_dtype_used"] == "fp8"
+    r = evaluate(capability=(9, 0), shape=MODELS["dsv32"], tp=8, kv_cache_dtype="fp8")
+    assert r["selected"] == "FLASHMLA_SPARSE" and r["kv_cache_dtype_used"] == "fp8_ds_mla"
+
+
+def test_vllm_no_backend_below_sm80(cuda_platform_module):
+    r = evaluate(capability=(7, 5), shape=MODELS["glm5"], tp=8)
+    assert r["selected"] is None and "TRITON_MLA_SPARSE" not in [c["name"] for c in r["candidates"]]
+
+
+def test_select_main_text(cuda_platform_module, capsys):
+    assert select_main(["--capability", "8.9", "--model", "glm5", "--tp", "8", "--kv-cache-dtype", "fp8_ds_mla"]) == 0
+    out = capsys.readouterr().out
+    assert "=> vLLM uses TRITON_MLA_SPARSE" in out
+    assert "1. TRITON_MLA_SPARSE" in out and "accepted  <- selected" in out
+    assert "FLASHMLA_SPARSE              rejected: compute capability not supported" in out
+    assert "GLM-5: 64 heads / TP 8 = 8 per GPU" in out
+
+
+def test_select_main_json_and_table(cuda_platform_module, capsys):
+    assert select_main(["-c", "sm120", "-m", "dsv32", "--tp", "8", "--kv-cache-dtype", "bfloat16", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["selected"] == "TRITON_MLA_SPARSE" and report["heads_per_gpu"] == 16
+    assert report["capability"] == "12.0" and report["validation"] == "vllm"
+    sm120 = next(c for c in report["candidates"] if c["name"] == "FLASHINFER_MLA_SPARSE_SM120")
+    assert not sm120["accepted"] and "kv_cache_dtype not supported" in sm120["reasons"]
+
+    assert select_main(["-c", "8.0,9.0", "-m", "glm5", "--tp", "8", "--kv-cache-dtype", "bfloat16,fp8_ds_mla"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.split()[:3] == ["8.0", "fp8_ds_mla", "TRITON_MLA_SPARSE"] for line in lines)
+    assert any(line.split()[:2] == ["9.0", "bfloat16"] and line.endswith("#8/8 accepted") for line in lines)
+
+
+def test_select_main_errors(cuda_platform_module, capsys):
+    assert select_main(["-c", "7.5", "-m", "glm5", "--tp", "8"]) == 1  # no valid sparse backend
+    assert select_main(["-c", "8.9"]) == 2
+    assert select_main(["-c", "nonsense", "-m", "glm5"]) == 2
+    assert select_main(["-c", "8.9", "-m", "glm5", "--tp", "3"]) == 2
+    assert select_main(["-c", "8.9", "-m", "glm5", "--kv-cache-dtype", "fp9"]) == 2
+    capsys.readouterr()
+
+
+def test_select_declarations_only(capsys):
+    assert select_main(["-c", "8.9", "-m", "glm5", "--tp", "8", "--no-vllm"]) == 0
+    out = capsys.readouterr().out
+    assert "declarations only" in out and "TRITON_MLA_SPARSE: accepted" in out
+    assert select_main(["-c", "7.5", "-m", "glm5", "--no-vllm"]) == 1
+    assert "compute capability not supported" in capsys.readouterr().out
+    assert plugin.static_reasons(major=8, head_size=576, dtype="bfloat16", kv_cache_dtype="fp8_ds_mla") == []
