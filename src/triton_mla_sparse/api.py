@@ -38,6 +38,12 @@ def sparse_mla_attention_with_config(q, kv_cache, indices, softmax_scale, *, kv_
     if dev.type != "cuda" and not (dev.type == "cpu" and interpreting()):
         raise ValueError(f"q: expected CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 set before triton is "
                          f"imported; triton_mla_sparse.reference runs anywhere), got a tensor on {dev}")
+    if dev.type == "cpu":
+        try:
+            import numpy  # noqa: F401  (Triton's interpreter imports it)
+        except ImportError:
+            raise ValueError("q: CPU tensors run through Triton's interpreter, which needs numpy "
+                             "(pip install numpy, or triton-mla-sparse[cpu])") from None
     cfg = choose_config(p.T, p.H, p.topk, dev, kernel, **config_overrides)
     result = out if out is not None else torch.empty(p.T, p.H, D_V, dtype=p.dtype, device=dev)
     lse = torch.empty(p.T, p.H, dtype=torch.float32, device=dev)

@@ -21,6 +21,12 @@ def _prepare_device(want_cpu: bool = False) -> None:
             print("warning: triton was imported before TRITON_INTERPRET could be set; kernels may fail on the CPU",
                   file=sys.stderr)
         os.environ.setdefault("TRITON_INTERPRET", "1")
+        try:
+            import numpy  # noqa: F401  (Triton's interpreter imports it)
+        except ImportError:
+            print("triton-mla-sparse: running kernels on the CPU uses Triton's interpreter, which needs numpy: "
+                  "pip install numpy  (or: pip install 'triton-mla-sparse[cpu]')", file=sys.stderr)
+            raise SystemExit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
