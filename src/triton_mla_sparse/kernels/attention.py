@@ -27,38 +27,92 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
-def _load_latent_chunk(p_row, o_c, m_n, C: tl.constexpr, FMT: tl.constexpr, CONVERT: tl.constexpr,
-                       dt: tl.constexpr):
-    """Latent values [C*128, C*128+128) of the gathered rows as ``dt`` [BLOCK_N, 128]; invalid rows give 0."""
-    p = p_row[:, None] + (C * 128 + o_c)[None, :]
+def _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, o_k, n_end, num_slots, block_size, kv_ptr, stride_kv_blk,
+          stride_kv_row):
+    """Row pointers [BLOCK_N] of list entries ``o_k`` and their validity (inside the range, 0 <= slot < num_slots);
+    invalid entries point at slot 0 and are masked everywhere."""
+    m_k = o_k < n_end
+    b_idx = tl.load(idx_ptr + i_t * stride_idx_t + o_k.to(tl.int64) * stride_idx_k, mask=m_k, other=-1)
+    m_n = m_k & (b_idx >= 0) & (b_idx < num_slots)
+    b_idx = tl.where(m_n, b_idx, 0)
+    i_blk = b_idx // block_size
+    i_off = b_idx - i_blk * block_size
+    p_row = kv_ptr + i_blk.to(tl.int64) * stride_kv_blk + i_off.to(tl.int64) * stride_kv_row
+    return p_row, m_n
+
+
+@triton.jit
+def _gather_chunk(p_row, o_c, m_n, C: tl.constexpr):
+    """Latent values [C*128, C*128+128) of the gathered rows as stored (bytes for fp8 formats); 0 when invalid."""
+    return tl.load(p_row[:, None] + (C * 128 + o_c)[None, :], mask=m_n[:, None], other=0)
+
+
+@triton.jit
+def _gather_scale(p_row, m_n, C: tl.constexpr, FMT: tl.constexpr):
+    """float32 scale of latent tile C of fp8_ds_mla rows [BLOCK_N] (1.0 for other formats: unused)."""
     if FMT == 2:
-        raw = tl.load(p, mask=m_n[:, None], other=0)
-        scale = tl.load((p_row + 512).to(tl.pointer_type(tl.float32)) + C, mask=m_n, other=0.0)
+        return tl.load((p_row + 512).to(tl.pointer_type(tl.float32)) + C, mask=m_n, other=0.0)
+    else:
+        return tl.full(m_n.shape, 1.0, tl.float32)
+
+
+@triton.jit
+def _gather_rope(p_row, o_r, m_n, FMT: tl.constexpr):
+    """RoPE part of the gathered rows as stored: bf16 for fp8_ds_mla, the cache's element type otherwise."""
+    if FMT == 2:
+        p = (p_row + 528).to(tl.pointer_type(tl.bfloat16))[:, None] + o_r[None, :]
+    else:
+        p = p_row[:, None] + (512 + o_r)[None, :]
+    return tl.load(p, mask=m_n[:, None], other=0)
+
+
+@triton.jit
+def _dequant(raw, scale, FMT: tl.constexpr, CONVERT: tl.constexpr, dt: tl.constexpr):
+    """Stored values -> ``dt`` in registers: e4m3 bytes are bit-cast and (fp8_ds_mla) scaled per tile."""
+    if FMT == 2:
         vals = (raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]).to(dt)
     elif FMT == 1:
-        raw = tl.load(p, mask=m_n[:, None], other=0)
         vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(dt)
     elif CONVERT:
-        vals = tl.load(p, mask=m_n[:, None], other=0.0).to(tl.float32).to(dt)
+        vals = raw.to(tl.float32).to(dt)
     else:
-        vals = tl.load(p, mask=m_n[:, None], other=0.0)
+        vals = raw
     return vals
 
 
 @triton.jit
-def _load_rope(p_row, o_r, m_n, FMT: tl.constexpr, CONVERT: tl.constexpr, dt: tl.constexpr):
-    """RoPE part of the gathered rows as ``dt`` [BLOCK_N, 64]."""
-    if FMT == 2:
-        p = (p_row + 528).to(tl.pointer_type(tl.bfloat16))[:, None] + o_r[None, :]
-        vals = tl.load(p, mask=m_n[:, None], other=0.0).to(tl.float32).to(dt)
-    elif FMT == 1:
-        raw = tl.load(p_row[:, None] + (512 + o_r)[None, :], mask=m_n[:, None], other=0)
+def _dequant_rope(raw, FMT: tl.constexpr, CONVERT: tl.constexpr, dt: tl.constexpr):
+    if FMT == 1:
         vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(dt)
-    elif CONVERT:
-        vals = tl.load(p_row[:, None] + (512 + o_r)[None, :], mask=m_n[:, None], other=0.0).to(tl.float32).to(dt)
+    elif FMT == 2 or CONVERT:
+        vals = raw.to(tl.float32).to(dt)
     else:
-        vals = tl.load(p_row[:, None] + (512 + o_r)[None, :], mask=m_n[:, None], other=0.0)
+        vals = raw
     return vals
+
+
+@triton.jit
+def _attend(b_q0, b_q1, b_q2, b_q3, b_qr, b_k0, b_k1, b_k2, b_k3, b_kr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3,
+            qk_scale, HAS_ROPE: tl.constexpr, dt: tl.constexpr):
+    """One tile of the online softmax: scores of the block's heads against the tile's rows, then p·V."""
+    b_s = tl.dot(b_q0, tl.trans(b_k0))
+    b_s = tl.dot(b_q1, tl.trans(b_k1), b_s)
+    b_s = tl.dot(b_q2, tl.trans(b_k2), b_s)
+    b_s = tl.dot(b_q3, tl.trans(b_k3), b_s)
+    if HAS_ROPE:
+        b_s = tl.dot(b_qr, tl.trans(b_kr), b_s)
+    b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+    b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_alpha = tl.exp2(b_m - b_m_use)
+    b_p = tl.exp2(b_s - b_m_use[:, None])
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_pc = b_p.to(dt)
+    b_a0 = tl.dot(b_pc, b_k0, b_a0 * b_alpha[:, None])
+    b_a1 = tl.dot(b_pc, b_k1, b_a1 * b_alpha[:, None])
+    b_a2 = tl.dot(b_pc, b_k2, b_a2 * b_alpha[:, None])
+    b_a3 = tl.dot(b_pc, b_k3, b_a3 * b_alpha[:, None])
+    return b_m_new, b_l, b_a0, b_a1, b_a2, b_a3
 
 
 @triton.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len"])
@@ -116,40 +170,19 @@ def _sparse_mla_fwd_kernel(
             k_scale = tl.load(k_scale_ptr)
         qk_scale = qk_scale * k_scale
 
+    if not HAS_ROPE:
+        b_qr = b_q0  # unused
     for n0 in range(n_start, n_end, BLOCK_N):
-        o_k = n0 + o_n
-        m_k = o_k < n_end
-        b_idx = tl.load(idx_ptr + i_t * stride_idx_t + o_k.to(tl.int64) * stride_idx_k, mask=m_k, other=-1)
-        m_n = m_k & (b_idx >= 0) & (b_idx < num_slots)
-        b_idx = tl.where(m_n, b_idx, 0)
-        i_blk = b_idx // block_size
-        i_off = b_idx - i_blk * block_size
-        p_row = kv_ptr + i_blk.to(tl.int64) * stride_kv_blk + i_off.to(tl.int64) * stride_kv_row
-
-        b_k0 = _load_latent_chunk(p_row, o_c, m_n, 0, FMT, CONVERT, dt)
-        b_k1 = _load_latent_chunk(p_row, o_c, m_n, 1, FMT, CONVERT, dt)
-        b_k2 = _load_latent_chunk(p_row, o_c, m_n, 2, FMT, CONVERT, dt)
-        b_k3 = _load_latent_chunk(p_row, o_c, m_n, 3, FMT, CONVERT, dt)
-        b_s = tl.dot(b_q0, tl.trans(b_k0))
-        b_s = tl.dot(b_q1, tl.trans(b_k1), b_s)
-        b_s = tl.dot(b_q2, tl.trans(b_k2), b_s)
-        b_s = tl.dot(b_q3, tl.trans(b_k3), b_s)
-        if HAS_ROPE:
-            b_kr = _load_rope(p_row, o_r, m_n, FMT, CONVERT, dt)
-            b_s = tl.dot(b_qr, tl.trans(b_kr), b_s)
-        b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
-
-        b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
-        b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-        b_alpha = tl.exp2(b_m - b_m_use)
-        b_p = tl.exp2(b_s - b_m_use[:, None])
-        b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        b_pc = b_p.to(dt)
-        b_a0 = tl.dot(b_pc, b_k0, b_a0 * b_alpha[:, None])
-        b_a1 = tl.dot(b_pc, b_k1, b_a1 * b_alpha[:, None])
-        b_a2 = tl.dot(b_pc, b_k2, b_a2 * b_alpha[:, None])
-        b_a3 = tl.dot(b_pc, b_k3, b_a3 * b_alpha[:, None])
-        b_m = b_m_new
+        p_row, m_n = _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, n0 + o_n, n_end, num_slots, block_size, kv_ptr,
+                           stride_kv_blk, stride_kv_row)
+        b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _attend(
+            b_q0, b_q1, b_q2, b_q3, b_qr,
+            _dequant(_gather_chunk(p_row, o_c, m_n, 0), _gather_scale(p_row, m_n, 0, FMT), FMT, CONVERT, dt),
+            _dequant(_gather_chunk(p_row, o_c, m_n, 1), _gather_scale(p_row, m_n, 1, FMT), FMT, CONVERT, dt),
+            _dequant(_gather_chunk(p_row, o_c, m_n, 2), _gather_scale(p_row, m_n, 2, FMT), FMT, CONVERT, dt),
+            _dequant(_gather_chunk(p_row, o_c, m_n, 3), _gather_scale(p_row, m_n, 3, FMT), FMT, CONVERT, dt),
+            _dequant_rope(_gather_rope(p_row, o_r, m_n, FMT), FMT, CONVERT, dt),
+            m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE, dt)
 
     # Normalise; an empty range (no valid entry) gives 0 and lse -inf.
     b_inv = tl.where(b_l > 0, 1.0 / b_l, 0.0)
@@ -243,7 +276,8 @@ def launch_sparse_mla(p, cfg, out, lse):
     common = dict(
         FMT=fmt, CONVERT=convert, HAS_ROPE=has_rope, HAS_TOPK_LEN=p.topk_length is not None,
         HAS_SINK=p.attn_sink is not None, K_SCALE_PTR=k_scale_ptr,
-        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     args = (q_nope, q_pe, kv, p.indices, topk_len, sink, k_scale_t)
     qstrides = (q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
