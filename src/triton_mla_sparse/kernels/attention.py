@@ -67,12 +67,26 @@ def _gather_rope(p_row, o_r, m_n, FMT: tl.constexpr):
 
 
 @triton.jit
-def _dequant(raw, scale, FMT: tl.constexpr, CONVERT: tl.constexpr, dt: tl.constexpr):
-    """Stored values -> ``dt`` in registers: e4m3 bytes are bit-cast and (fp8_ds_mla) scaled per tile."""
+def _e4m3_to_f32(raw, SW_FP8: tl.constexpr):
+    """float8_e4m3fn bytes -> float32. With SW_FP8 (GPUs whose Triton cannot lower fp8 conversions: sm80/sm86,
+    gfx942) by integer bit operations: sign and the 7 exponent/mantissa bits moved into a float16 (e4m3 shares
+    float16's layout shifted by 7 bits with an exponent bias 8 lower), then scaled by 2^8 — exact for every finite
+    value and subnormal; the NaN encodings (0x7F, 0xFF) decode to ±480 instead of NaN."""
+    if SW_FP8:
+        x = raw.to(tl.int16)
+        h = ((x & 0x80) << 8) | ((x & 0x7F) << 7)
+        return h.to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+    else:
+        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _dequant(raw, scale, FMT: tl.constexpr, CONVERT: tl.constexpr, SW_FP8: tl.constexpr, dt: tl.constexpr):
+    """Stored values -> ``dt`` in registers: e4m3 bytes are decoded and (fp8_ds_mla) scaled per tile."""
     if FMT == 2:
-        vals = (raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale[:, None]).to(dt)
+        vals = (_e4m3_to_f32(raw, SW_FP8) * scale[:, None]).to(dt)
     elif FMT == 1:
-        vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(dt)
+        vals = _e4m3_to_f32(raw, SW_FP8).to(dt)
     elif CONVERT:
         vals = raw.to(tl.float32).to(dt)
     else:
@@ -81,9 +95,9 @@ def _dequant(raw, scale, FMT: tl.constexpr, CONVERT: tl.constexpr, dt: tl.conste
 
 
 @triton.jit
-def _dequant_rope(raw, FMT: tl.constexpr, CONVERT: tl.constexpr, dt: tl.constexpr):
+def _dequant_rope(raw, FMT: tl.constexpr, CONVERT: tl.constexpr, SW_FP8: tl.constexpr, dt: tl.constexpr):
     if FMT == 1:
-        vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(dt)
+        vals = _e4m3_to_f32(raw, SW_FP8).to(dt)
     elif FMT == 2 or CONVERT:
         vals = raw.to(tl.float32).to(dt)
     else:
@@ -127,7 +141,7 @@ def _sparse_mla_fwd_kernel(
     sm_scale_log2, k_scale,
     FMT: tl.constexpr, CONVERT: tl.constexpr, HAS_ROPE: tl.constexpr,
     HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, K_SCALE_PTR: tl.constexpr,
-    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SW_FP8: tl.constexpr,
 ):
     i_ts = tl.program_id(0)
     i_hb = tl.program_id(1)
@@ -177,11 +191,11 @@ def _sparse_mla_fwd_kernel(
                            stride_kv_blk, stride_kv_row)
         b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _attend(
             b_q0, b_q1, b_q2, b_q3, b_qr,
-            _dequant(_gather_chunk(p_row, o_c, m_n, 0), _gather_scale(p_row, m_n, 0, FMT), FMT, CONVERT, dt),
-            _dequant(_gather_chunk(p_row, o_c, m_n, 1), _gather_scale(p_row, m_n, 1, FMT), FMT, CONVERT, dt),
-            _dequant(_gather_chunk(p_row, o_c, m_n, 2), _gather_scale(p_row, m_n, 2, FMT), FMT, CONVERT, dt),
-            _dequant(_gather_chunk(p_row, o_c, m_n, 3), _gather_scale(p_row, m_n, 3, FMT), FMT, CONVERT, dt),
-            _dequant_rope(_gather_rope(p_row, o_r, m_n, FMT), FMT, CONVERT, dt),
+            _dequant(_gather_chunk(p_row, o_c, m_n, 0), _gather_scale(p_row, m_n, 0, FMT), FMT, CONVERT, SW_FP8, dt),
+            _dequant(_gather_chunk(p_row, o_c, m_n, 1), _gather_scale(p_row, m_n, 1, FMT), FMT, CONVERT, SW_FP8, dt),
+            _dequant(_gather_chunk(p_row, o_c, m_n, 2), _gather_scale(p_row, m_n, 2, FMT), FMT, CONVERT, SW_FP8, dt),
+            _dequant(_gather_chunk(p_row, o_c, m_n, 3), _gather_scale(p_row, m_n, 3, FMT), FMT, CONVERT, SW_FP8, dt),
+            _dequant_rope(_gather_rope(p_row, o_r, m_n, FMT), FMT, CONVERT, SW_FP8, dt),
             m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE, dt)
 
     # Normalise; an empty range (no valid entry) gives 0 and lse -inf.
@@ -276,7 +290,7 @@ def launch_sparse_mla(p, cfg, out, lse):
     common = dict(
         FMT=fmt, CONVERT=convert, HAS_ROPE=has_rope, HAS_TOPK_LEN=p.topk_length is not None,
         HAS_SINK=p.attn_sink is not None, K_SCALE_PTR=k_scale_ptr,
-        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     args = (q_nope, q_pe, kv, p.indices, topk_len, sink, k_scale_t)

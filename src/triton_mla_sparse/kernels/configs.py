@@ -24,6 +24,7 @@ class AttentionConfig:
     split_len: int
     num_warps: int
     num_stages: int
+    sw_fp8: bool = False  # decode e4m3 with integer operations (no fp8 conversion instructions on the target)
     programs_per_sm: int = 1  # resident programs per multiprocessor (registers/shared memory bound)
     combine_block_h: int = 8
     combine_warps: int = 4
@@ -64,7 +65,8 @@ def _split_count(rows_x_heads: int, n_blocks: int, slots: int) -> int:
     return best
 
 
-def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str = "auto", **overrides) -> AttentionConfig:
+def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str = "auto",
+                  **overrides) -> AttentionConfig:
     """Pick the kernel and its launch parameters for ``T`` rows, ``H`` heads and lists of ``topk`` slots.
 
     Heads are tiled by ``block_h`` (16..64, a power of two covering H where H <= 64), so every cache row gathered
