@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # One run on the GPU machine, from the repository root, with $OUT set:
-#   bash benchmarks/device_run.sh [--quick]
+#   TMS_COMMIT=<sha> bash benchmarks/device_run.sh [--quick] [more bench options...]
 # Prints the device and versions, installs the package (editable, offline; falls back to PYTHONPATH=src), runs the GPU
-# test tier (-> $OUT/gpu-tests.txt), then the benchmark (-> $OUT/bench.txt, $OUT/bench.json). --quick runs the
-# benchmark's quick subset. SKIP_TESTS=1 skips the tests. Every step runs even when an earlier one fails; the exit
-# status is non-zero when any step failed. Budget: tests <= 240 s, bench <= 270 s (each under `timeout`).
+# test tier (-> $OUT/gpu-tests.txt), then `triton-mla-sparse bench` with every peer it can load (-> $OUT/<gpu>-<date>.json,
+# $OUT/<gpu>-<date>.png when matplotlib is there, and the log $OUT/bench.txt, also copied to bench-<gpu>-<date>.txt).
+# Peers: carry the git-ignored ./.peers folder (../shared/tools/get-peers.sh) with the run, or set TMS_PEERS_DIR; the
+# bench reports each peer as loaded or not available. The copy on the GPU machine has no .git: TMS_COMMIT (passed
+# through to the bench) names the commit benchmarked. --quick runs the benchmark's quick subset; any further options
+# go to the bench (e.g. --filter 'decode h16'). SKIP_TESTS=1 skips the tests. Every step runs even when an earlier
+# one fails; the exit status is non-zero when any step failed. Budget: tests <= 240 s, bench <= 270 s (each under
+# `timeout`; the bench starts no case after BENCH_BUDGET=250 s and rewrites its JSON after every case).
 set -u
 set -o pipefail
 
 QUICK=""
-if [ "${1:-}" = "--quick" ]; then QUICK="--quick"; fi
+if [ "${1:-}" = "--quick" ]; then QUICK="--quick"; shift; fi
 OUT="${OUT:-$PWD/.device-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+export TMS_COMMIT="${TMS_COMMIT:-}"
 PY="$(command -v python3 || command -v python)"
 failed=()
 t0=$(date +%s)
@@ -56,12 +62,26 @@ if [ "${SKIP_TESTS:-0}" != "1" ]; then
     [ $rc -ne 0 ] && failed+=("gpu-tests (rc $rc)")
 fi
 
-stamp "== bench $QUICK"
+stamp "== bench $QUICK $*"
+echo "commit: ${TMS_COMMIT:-unknown (TMS_COMMIT not set)}"
+if [ -n "${TMS_PEERS_DIR:-}" ]; then echo "peers folder: \$TMS_PEERS_DIR=$TMS_PEERS_DIR"
+elif [ -d .peers ]; then echo "peers folder: ./.peers ($(ls .peers | tr '\n' ' '))"
+else echo "peers folder: none (carry .peers or set TMS_PEERS_DIR; an installed vLLM is tried next)"; fi
+"$PY" -c "import matplotlib" 2>/dev/null || echo "note: matplotlib missing here; redraw the PNG with: triton-mla-sparse bench --plot <json>"
 # shellcheck disable=SC2086
-timeout 270 "$PY" -m triton_mla_sparse.cli bench $QUICK --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+timeout 270 "$PY" -m triton_mla_sparse.cli bench $QUICK --out-dir "$OUT" --budget "${BENCH_BUDGET:-250}" "$@" 2>&1 \
+    | tee "$OUT/bench.txt"
 rc=$?
 [ $rc -eq 124 ] && echo "bench stopped at the 270 s limit" | tee -a "$OUT/bench.txt"
 [ $rc -ne 0 ] && failed+=("bench (rc $rc)")
+json=$(ls -t "$OUT"/*-20[0-9][0-9]-[0-9][0-9]-[0-9][0-9].json 2>/dev/null | head -n1)
+if [ -n "$json" ]; then
+    stem=$(basename "$json" .json)
+    cp "$OUT/bench.txt" "$OUT/bench-$stem.txt"
+    echo "results: $json$( [ -f "$OUT/$stem.png" ] && echo " + $stem.png" ), log bench-$stem.txt"
+else
+    echo "no results JSON under $OUT"
+fi
 
 stamp "== done"
 if [ ${#failed[@]} -ne 0 ]; then

@@ -154,6 +154,7 @@ def main():
     ap.add_argument("--splits", default="", help="comma list of num_splits to try for decode (default: auto)")
     ap.add_argument("--out", default="")
     ap.add_argument("--max-configs", type=int, default=1000)
+    ap.add_argument("--configs", default="", help="JSON list of config overrides to time instead of the grid")
     args = ap.parse_args()
     peers = load_peers(args.peers)
     results = []
@@ -174,7 +175,8 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     print(f"{name:22s} {fmt:10s} {pname:40s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
             splits = [None] + [int(s) for s in args.splits.split(",") if s] if not prefill else [None]
-            for cfg_over, ns in itertools.product(configs_for(case, prefill, fmt)[: args.max_configs], splits):
+            grid = json.loads(args.configs) if args.configs else configs_for(case, prefill, fmt)[: args.max_configs]
+            for cfg_over, ns in itertools.product(grid, splits):
                 over = dict(cfg_over)
                 if ns is not None:
                     over["num_splits"] = ns
@@ -192,7 +194,7 @@ def main():
                     print(f"{name:22s} {fmt:10s} {str(over):40s} FAILED {type(e).__name__}: {str(e)[:150]}")
                     continue
                 tag = f"{cfg.kernel[:3]} h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} " \
-                      f"sp{cfg.num_splits}"
+                      f"sp{cfg.num_splits} sw{int(cfg.sw_fp8)}"
                 line["ours"].append((tag, ms, err))
                 print(f"{name:22s} {fmt:10s} {tag:40s} {ms:8.4f} ms err {err:.1e}", flush=True)
             best = min(line["ours"], key=lambda r: r[1]) if line["ours"] else None

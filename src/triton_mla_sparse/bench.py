@@ -1,16 +1,27 @@
-"""Benchmark harness: realistic paged caches, accuracy first, then timings against ceilings measured in the same run.
+"""Benchmark harness: realistic paged caches, every method on the same inputs, accuracy first, then timings against
+ceilings measured in the same run.
 
 Structure
   * :class:`Case` describes one problem (decode: one query row per request; prefill: many causal rows over one
     sequence). :func:`bench_cases` is the standard list, :func:`build_inputs` turns a case into tensors: a paged cache
     whose blocks are handed to requests from a random permutation of the pool, and per-row top-k slot lists made of
     distinct request-local positions mapped through the block table (:func:`triton_mla_sparse.topk_to_slots`).
-  * A *method* is something that computes the attention for a case. :data:`METHODS` maps a name to a factory
-    ``factory(inputs) -> Prepared`` (or raises :class:`Unsupported`); ``Prepared.fn()`` runs one call and returns
-    ``out [rows, heads, 512]``. Peers are added with :func:`register_method`.
+  * A *method* computes the attention for a case. The keys are :data:`METHOD_KEYS`: ``ours`` (this package),
+    ``torch`` (gather + matmul + softmax), and the third-party peers ``page1_triton`` (vLLM's dense Triton MLA decode
+    kernel fed the slot list as a page_size=1 block table), ``flashmla_bf16`` (FlashMLA ``flash_mla_sparse_fwd``)
+    and ``flashmla_fp8`` (FlashMLA ``flash_mla_with_kvcache(..., is_fp8_kvcache=True, indices=...)``). Which peers
+    apply to a case: :func:`method_applies`. A method factory ``factory(inputs) -> Prepared`` builds the call;
+    ``Prepared.fn()`` runs it and returns ``out [rows, heads, 512]``.
+  * Peers are imported at run time (never vendored) by :func:`load_peers`: from a folder (``--peers DIR``, else
+    ``$TMS_PEERS_DIR``, else ``./.peers`` when it exists; ``../shared/tools/get-peers.sh`` makes one), else from an
+    installed vLLM. A peer that cannot load is reported (``peers`` in the JSON, and an ``error`` on every case it
+    applies to), never silently dropped.
   * :func:`run_case` checks every method against the float32 reference on the same inputs first (a subset of rows
     for large cases) and refuses to time a method whose relative error exceeds the case's tolerance; it then times
-    it with ``triton.testing.do_bench`` (median) and, for decode, under CUDA-graph replay.
+    it with ``triton.testing.do_bench`` (median; CUDA events, median of 3, for calls over 20 ms) and, for decode,
+    under CUDA-graph replay.
+  * Reports that need no GPU: :func:`plot_results` (PNG), :func:`compare_text` (old vs new, per case and method),
+    :func:`ratios_text` (ours ÷ each peer), :func:`targets_text` (the issue's ours/peer targets, PASS/FAIL).
 
 Nothing here imports triton at module import time (``triton.testing`` is imported inside the GPU timers), so the
 CLI can still choose ``TRITON_INTERPRET`` before the kernels load.
@@ -19,6 +30,8 @@ CLI can still choose ``TRITON_INTERPRET`` before the kernels load.
 from __future__ import annotations
 
 import datetime
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -29,8 +42,8 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass, replace
-from typing import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 import torch
 
@@ -38,9 +51,12 @@ from .formats import D_QK, D_V, FP8_DS_MLA_BYTES, dequantize_fp8_ds_mla, quantiz
 from .slots import topk_to_slots
 
 __all__ = [
-    "Case", "CaseInputs", "Prepared", "Unsupported", "METHODS", "register_method", "bench_cases", "smoke_cases",
-    "build_inputs", "random_block_table", "random_topk_positions", "encode_cache", "reference_output", "rel_err",
-    "tolerance", "measure_ceilings", "run_case", "run_bench", "format_table", "config_str",
+    "Case", "CaseInputs", "Prepared", "Unsupported", "PeerUnavailable", "Peers", "METHODS", "METHOD_KEYS",
+    "PEER_KEYS", "register_method", "bench_cases", "smoke_cases", "build_inputs", "random_block_table",
+    "random_topk_positions", "encode_cache", "reference_output", "rel_err", "tolerance", "measure_ceilings",
+    "method_applies", "load_peers", "resolve_peers_dir", "method_factories", "run_case", "run_bench", "format_table",
+    "config_str", "gpu_slug", "results_path", "resolve_commit", "plot_results", "compare_text", "compare_rows",
+    "ratios_text", "ratio_rows", "targets_text", "target_rows", "TARGETS", "load_results",
 ]
 
 GLM5_SCALE = 256 ** -0.5
@@ -227,8 +243,17 @@ def build_inputs(case: Case, device, seed: int = 0) -> CaseInputs:
 
 # ----------------------------------------------------------------------------------------------------- methods
 
+METHOD_KEYS = ("ours", "torch", "page1_triton", "flashmla_bf16", "flashmla_fp8")
+PEER_KEYS = METHOD_KEYS[1:]
+EXTERNAL_PEERS = ("page1_triton", "flashmla_bf16", "flashmla_fp8")
+
+
 class Unsupported(Exception):
-    """Raised by a method factory for a case the method cannot run (recorded as skipped, not as an error)."""
+    """Raised by a method factory for a case the method cannot run (recorded as an ``error``, not timed)."""
+
+
+class PeerUnavailable(Exception):
+    """Raised by the factory of a peer that could not be loaded (recorded as ``error: not available: ...``)."""
 
 
 @dataclass
@@ -236,9 +261,12 @@ class Prepared:
     fn: Callable[[], torch.Tensor]  # one call; returns out [rows, heads, 512]
     config: str | None = None
     graphable: bool = True  # can be captured in a CUDA graph
+    # Other eager call patterns of the same method, each checked and timed like fn and recorded as ms_<key>
+    # (e.g. page1_triton called exactly as benchmarks/sweep.py did, for comparison with the anchors).
+    variants: dict[str, Callable[[], torch.Tensor]] = field(default_factory=dict)
 
 
-MethodFactory = Callable[[CaseInputs], Prepared]
+MethodFactory = Callable[["CaseInputs"], Prepared]
 METHODS: dict[str, MethodFactory] = {}
 
 
@@ -248,6 +276,25 @@ def register_method(name: str):
         METHODS[name] = factory
         return factory
     return deco
+
+
+def method_applies(name: str, case: Case) -> bool:
+    """Whether method ``name`` is run on ``case`` at all (a peer that does not apply is absent from the case).
+
+    ``ours`` and ``torch``: every case. ``page1_triton``: bf16 (and fp16, the CPU smoke format) caches, decode and
+    prefill. ``flashmla_bf16``: bf16 caches, decode and prefill. ``flashmla_fp8``: fp8_ds_mla caches, decode and
+    prefill (prefill through the decode kernel with each row as its own batch entry, as vLLM's fp8 path does)."""
+    if name in ("ours", "torch"):
+        return True
+    if case.kind not in ("decode", "prefill"):
+        return False
+    if name == "page1_triton":
+        return case.kv_format in ("bf16", "fp16")
+    if name == "flashmla_bf16":
+        return case.kv_format == "bf16"
+    if name == "flashmla_fp8":
+        return case.kv_format == "fp8_ds_mla"
+    return name in METHODS  # a registered extra method: every case
 
 
 def config_str(cfg) -> str:
@@ -302,6 +349,235 @@ def _build_torch(inp: CaseInputs) -> Prepared:
     return Prepared(fn=fn, config="gather+matmul+softmax")
 
 
+# The peer calls below are the ones benchmarks/sweep.py ran on the H200 (same argument shapes, padding and slicing);
+# padding q and building the page1 block table happen once here, outside the timed call.
+
+def _build_flashmla_bf16(fmi, inp: CaseInputs) -> Prepared:
+    """FlashMLA ``flash_mla_sparse_fwd`` on the bf16 cache viewed as [slots, 1, 576]; heads padded to a multiple of
+    64 unless 8/16/32 (SM90), output sliced back to the case's heads."""
+    q, kv, idx, scale = inp.q, inp.kv_cache, inp.indices, inp.softmax_scale
+    T, H, _ = q.shape
+    flat = kv.view(-1, 1, D_QK)
+    hp = H if H in (8, 16, 32) or H % 64 == 0 else 64 * math.ceil(H / 64)
+    qp = q if hp == H else torch.cat([q, q.new_zeros(T, hp - H, D_QK)], 1)
+    idx3 = idx.view(T, 1, -1)
+
+    def fn():
+        return fmi.flash_mla_sparse_fwd(qp, flat, idx3, scale)[0][:, :H]
+
+    return Prepared(fn=fn, config="flash_mla_sparse_fwd" + (f" heads {H}->{hp}" if hp != H else ""))
+
+
+def _build_flashmla_fp8(fmi, inp: CaseInputs) -> Prepared:
+    """FlashMLA ``flash_mla_with_kvcache(..., is_fp8_kvcache=True, indices=...)`` on the 656-byte cache viewed as
+    [blocks, block_size, 1, 656]; heads padded to 64 (<= 64) or 128 as vLLM does, output sliced back. Prefill runs
+    every row as its own batch entry of the decode kernel."""
+    q, kv, idx, scale = inp.q, inp.kv_cache, inp.indices, inp.softmax_scale
+    T, H, _ = q.shape
+    hp = 64 if H <= 64 else 128
+    qp = torch.cat([q, q.new_zeros(T, hp - H, D_QK)], 1) if hp != H else q
+    meta = fmi.get_mla_metadata()[0] if hasattr(fmi, "get_mla_metadata") else None
+    k4 = kv.view(kv.shape[0], kv.shape[1], 1, FP8_DS_MLA_BYTES)
+    q4 = qp.view(T, 1, hp, D_QK)
+    idx3 = idx.view(T, 1, -1)
+
+    def fn():
+        o = fmi.flash_mla_with_kvcache(q4, k4, None, None, D_V, meta, softmax_scale=scale, is_fp8_kvcache=True,
+                                       indices=idx3)[0]
+        return o.view(T, hp, D_V)[:, :H]
+
+    cfg = "flash_mla_with_kvcache fp8" + (f" heads {H}->{hp}" if hp != H else "")
+    if inp.case.kind == "prefill":
+        cfg += ", rows as batch"  # the decode kernel, each query row its own batch entry
+    return Prepared(fn=fn, config=cfg)
+
+
+def _build_page1_triton(tda, inp: CaseInputs) -> Prepared:
+    """vLLM's dense Triton MLA decode kernel with the slot list as a page_size=1 block table: ``req_to_token`` =
+    the slots (invalid -> slot 0), every row's sequence length = top-k, 4 KV splits."""
+    q, kv, idx, scale = inp.q, inp.kv_cache, inp.indices, inp.softmax_scale
+    T, H, _ = q.shape
+    dev = q.device
+    flat = kv.view(-1, 1, D_QK)
+    topk = idx.shape[1]
+    valid = idx >= 0
+    req_to_token = torch.where(valid, idx, 0).contiguous()
+    seq = torch.full((T,), topk, dtype=torch.int32, device=dev)
+    o = torch.empty(T, H, D_V, dtype=q.dtype, device=dev)
+    lse = torch.empty(T, H, dtype=torch.float32, device=dev)
+    ns = 4
+    logits = torch.empty(T, H, ns, D_V + 1, dtype=torch.float32, device=dev)
+    # k/v scales: vLLM's Triton MLA backend passes the layer's scale tensors (k_scale=layer._k_scale, ...); without
+    # them decode_attention_fwd makes two 1.0 tensors on every call, i.e. two synchronous host-to-device copies,
+    # which cost ~0.1 ms of idle GPU per call and cannot be captured in a CUDA graph. So `ms` and `graph_ms` use
+    # 1.0 tensors made once (same values); `ms_default_scales` is the call exactly as benchmarks/sweep.py made it
+    # (the anchors in ../shared/reference/anchors-h200.md were measured that way).
+    one_k = torch.ones((), dtype=torch.float32, device=dev)
+    one_v = torch.ones((), dtype=torch.float32, device=dev)
+
+    def fn():
+        tda.decode_attention_fwd(q, flat, flat[..., :D_V], o, lse, req_to_token, seq, logits, ns, scale,
+                                 page_size=1, is_mla=True, k_scale=one_k, v_scale=one_v)
+        return o
+
+    def fn_default_scales():
+        tda.decode_attention_fwd(q, flat, flat[..., :D_V], o, lse, req_to_token, seq, logits, ns, scale,
+                                 page_size=1, is_mla=True)
+        return o
+
+    return Prepared(fn=fn, config=f"decode_attention_fwd page_size=1 splits{ns}",
+                    variants={"default_scales": fn_default_scales})
+
+
+_PEER_BUILDERS = {"page1_triton": ("page1", _build_page1_triton), "flashmla_bf16": ("flashmla", _build_flashmla_bf16),
+                  "flashmla_fp8": ("flashmla", _build_flashmla_fp8)}
+
+
+# ----------------------------------------------------------------------------------------------------- peers
+
+# peer module -> (module file in a peers folder, module in an installed vLLM, method keys it provides)
+PEER_MODULES = {
+    "flashmla": ("flash_mla_interface", "vllm.third_party.flashmla.flash_mla_interface",
+                 ("flashmla_bf16", "flashmla_fp8")),
+    "page1": ("triton_decode_attention", "vllm.v1.attention.ops.triton_decode_attention", ("page1_triton",)),
+}
+
+
+@dataclass
+class Peers:
+    """Loaded peer modules and a one-line status per method key ("loaded from ..." / "not available: ...")."""
+
+    modules: dict[str, Any] = field(default_factory=dict)  # "flashmla" / "page1" -> module
+    status: dict[str, str] = field(default_factory=dict)  # method key -> status line
+    folder: str | None = None
+
+    def available(self, method: str) -> bool:
+        return self.status.get(method, "").startswith(("loaded", "built in"))
+
+
+def resolve_peers_dir(option: str | None = None, env=None, cwd: str | None = None) -> tuple[str | None, str]:
+    """The peers folder and how it was chosen: ``--peers DIR``, else ``$TMS_PEERS_DIR``, else ``./.peers`` when
+    it exists, else ``(None, "none")``."""
+    env = os.environ if env is None else env
+    if option:
+        return option, "--peers"
+    if env.get("TMS_PEERS_DIR"):
+        return env["TMS_PEERS_DIR"], "TMS_PEERS_DIR"
+    cwd = os.getcwd() if cwd is None else cwd
+    if os.path.isdir(os.path.join(cwd, ".peers")):
+        return os.path.join(cwd, ".peers"), "./.peers"
+    return None, "none"
+
+
+def _short_exc(e: BaseException, limit: int = 300) -> str:
+    text = f"{type(e).__name__}: {e}".replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _import_from_folder(modname: str, folder: str):
+    """Import ``folder/modname.py`` as module ``modname`` (what ``sys.path.insert(0, folder); import modname``
+    does, but always this file)."""
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"folder {folder} does not exist")
+    path = os.path.join(folder, modname + ".py")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist")
+    spec = importlib.util.spec_from_file_location(modname, path)
+    mod = importlib.util.module_from_spec(spec)
+    old = sys.modules.get(modname)
+    sys.modules[modname] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        if old is None:
+            sys.modules.pop(modname, None)
+        else:
+            sys.modules[modname] = old
+        raise
+    return mod
+
+
+def _vllm_installed() -> bool:
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _flashmla_device_problem() -> str | None:
+    """FlashMLA's sparse kernels are built for SM90 / SM100 only."""
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    if major not in (9, 10):
+        return f"FlashMLA's sparse kernels need SM90 or SM100; this device is sm_{major}{minor}"
+    return None
+
+
+def load_peers(option: str | None = None, *, env=None, use_vllm: bool = True, wanted=EXTERNAL_PEERS,
+               cwd: str | None = None) -> Peers:
+    """Load the peer modules needed by the method keys in ``wanted``: each from the peers folder
+    (:func:`resolve_peers_dir`), else from an installed vLLM. Never raises: a peer that cannot load gets the status
+    ``not available: <every source tried and why it failed>``."""
+    folder, how = resolve_peers_dir(option, env, cwd)
+    peers = Peers(folder=folder)
+    shown = (".peers" if how == "./.peers" else f"{folder} ({how})") if folder else None
+    for key, (file_mod, vllm_mod, provides) in PEER_MODULES.items():
+        if not any(m in wanted for m in provides):
+            continue
+        reasons = []
+        mod = source = None
+        if folder:
+            try:
+                mod = _import_from_folder(file_mod, folder)
+                source = f"loaded from {shown}"
+            except Exception as e:  # noqa: BLE001 - e.g. OSError from the CUDA extension on a CPU-only torch
+                reasons.append(f"{shown}: {_short_exc(e)}")
+        else:
+            reasons.append("no peers folder (--peers DIR, $TMS_PEERS_DIR or ./.peers)")
+        if mod is None and use_vllm:
+            if not _vllm_installed():
+                reasons.append("vLLM: not installed")
+            else:
+                try:
+                    mod = importlib.import_module(vllm_mod)
+                    import vllm
+
+                    source = f"loaded from installed vLLM {getattr(vllm, '__version__', '?')} ({vllm_mod})"
+                except Exception as e:  # noqa: BLE001
+                    reasons.append(f"vLLM {vllm_mod}: {_short_exc(e)}")
+        if mod is not None and key == "flashmla":
+            problem = _flashmla_device_problem()
+            if problem:
+                reasons.append(problem)
+                mod = None
+        if mod is not None:
+            peers.modules[key] = mod
+        for m in provides:
+            if m in wanted:
+                peers.status[m] = source if mod is not None else "not available: " + "; ".join(reasons)
+    return peers
+
+
+def method_factories(peers: Peers | None) -> dict[str, MethodFactory]:
+    """Factories for every method key: the registered ones (``ours``, ``torch``, extras) and the peers; a peer that
+    is not loaded gets a factory that raises :class:`PeerUnavailable` with its status."""
+    facs: dict[str, MethodFactory] = dict(METHODS)
+    peers = peers or Peers()
+    for name, (key, builder) in _PEER_BUILDERS.items():
+        mod = peers.modules.get(key)
+        if mod is not None:
+            facs[name] = (lambda inp, _b=builder, _m=mod: _b(_m, inp))
+        else:
+            reason = peers.status.get(name, "not available: not loaded")
+
+            def unavailable(inp, _r=reason):
+                raise PeerUnavailable(_r)
+
+            facs[name] = unavailable
+    return facs
+
+
 # ----------------------------------------------------------------------------------------------------- accuracy
 
 def tolerance(kv_format: str) -> float:
@@ -339,6 +615,9 @@ def reference_output(inp: CaseInputs, seed: int = 1234):
 
 # ----------------------------------------------------------------------------------------------------- timing
 
+SLOW_CALL_MS = 20.0  # calls slower than this are timed by CUDA events over 3 calls instead of do_bench
+
+
 def _sync(device):
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
@@ -349,6 +628,28 @@ def time_do_bench(fn) -> float:
     from triton.testing import do_bench
 
     return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def time_events(fn, n: int = 3) -> float:
+    """Median milliseconds of ``n`` calls of ``fn``, each between two CUDA events (for calls of tens of ms, where
+    do_bench's fixed 5-call estimate plus warmup would cost seconds and memory churn)."""
+    times = []
+    for _ in range(n):
+        st = torch.cuda.Event(enable_timing=True)
+        en = torch.cuda.Event(enable_timing=True)
+        st.record()
+        fn()
+        en.record()
+        en.synchronize()
+        times.append(st.elapsed_time(en))
+    return float(statistics.median(times))
+
+
+def graph_replays(call_ms: float | None, target_ms: float = 50.0) -> int:
+    """Replays per timed batch of :func:`time_graph`: about ``target_ms`` of work, between 3 and 50."""
+    if not call_ms or call_ms <= 0:
+        return 50
+    return int(max(3, min(50, round(target_ms / call_ms))))
 
 
 def time_graph(fn, replays: int = 50, repeats: int = 5) -> float:
@@ -385,7 +686,8 @@ def time_graph(fn, replays: int = 50, repeats: int = 5) -> float:
 
 
 def time_wall(fn, device=None) -> float:
-    """Wall-clock milliseconds of one call (CPU / interpreter smoke runs)."""
+    """Wall-clock milliseconds of one call (synchronised; CPU / interpreter smoke runs, timer choice)."""
+    _sync(device or "cpu")
     t0 = time.perf_counter()
     fn()
     _sync(device or "cpu")
@@ -424,13 +726,108 @@ def _floors(case: Case, unique_bytes: int, ceilings: dict | None) -> dict:
             "compute_ms": case.flops / (ceilings["bf16_tflops"] * 1e12) * 1e3}
 
 
-def run_case(case: Case, method_names, device, *, ceilings=None, seed=0, timer=None, graph_timer=None,
-             log=print) -> dict:
-    """Build ``case``, check every method against the reference, then time it. Returns the JSON record."""
+def _case_record(case: Case) -> dict:
+    return {"name": case.name, "kind": case.kind, "rows": case.rows, "heads": case.heads, "topk": case.topk,
+            "ctx": case.ctx, "kv_format": case.kv_format, "block_size": case.block_size, "q_dtype": case.q_dtype,
+            "softmax_scale": case.softmax_scale, "flops": case.flops, "methods": {}}
+
+
+def _free(device):
+    if torch.device(device).type == "cuda":
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:  # noqa: BLE001 - a broken context shows up in the next method's error
+            pass
+        torch.cuda.empty_cache()
+
+
+def _run_method(name: str, factory, inp: CaseInputs, ref, sel, *, device, ceilings, timer, graph_timer, log) -> dict:
+    """Accuracy check, then timing, of one method on one case's inputs. Returns its JSON record: ``ms``, ``tflops``,
+    ``gbps``, ``rel_err`` (+ ``graph_ms`` for decode, ``pct_copy``, ``config``, ``timer``), or ``error``."""
+    case = inp.case
+    tol = tolerance(case.kv_format)
+    m: dict = {}
+    prep = None
+    tag = f"  {name:<13}"
+    try:
+        if factory is None:
+            raise PeerUnavailable(f"not available: unknown method {name!r}")
+        prep = factory(inp)
+        m["config"] = prep.config
+        out = prep.fn()
+        _sync(device)
+        got = out if sel is None else out[sel]
+        err = rel_err(got, ref)
+        m["rel_err"] = err
+        del out, got
+        if not err <= tol:
+            m["error"] = f"accuracy: rel err {err:.3g} > {tol:g}; not timed"
+            log(f"{tag} {(prep.config or '')[:44]:<44} ERROR {m['error']}")
+            return m
+        # On the GPU a second call (the first may have compiled) picks the timer and the graph replay count.
+        call_ms = time_wall(prep.fn, device) if device.type == "cuda" else None
+        if call_ms is not None and call_ms > SLOW_CALL_MS:
+            ms = time_events(prep.fn, 3)
+            m["timer"] = f"cuda events, median of 3 (one call > {SLOW_CALL_MS:g} ms)"
+        else:
+            ms = timer(prep.fn)
+            m["timer"] = "do_bench median" if device.type == "cuda" else "wall clock, 1 call (smoke)"
+        rec = {"ms": ms, "tflops": case.flops / (ms * 1e-3) / 1e12,
+               "gbps": inp.unique_bytes / (ms * 1e-3) / 1e9, "rel_err": err}
+        if ceilings and ceilings.get("copy_gbps"):
+            rec["pct_copy"] = 100.0 * rec["gbps"] / ceilings["copy_gbps"]
+        if case.kind == "decode" and graph_timer is not None:
+            if not prep.graphable:
+                rec["graph_error"] = "not graphable"
+            else:
+                try:
+                    rec["graph_ms"] = graph_timer(prep.fn, call_ms)
+                except Exception as e:  # noqa: BLE001 - the eager timing stands
+                    rec["graph_error"] = _short_exc(e)
+                    log(f"{tag} graph timing failed: {rec['graph_error']}")
+        m = {**rec, **m}
+        log(f"{tag} {(prep.config or '')[:44]:<44} {ms:9.4f} ms  graph {_fmt(m.get('graph_ms'), '.4f')} ms  "
+            f"{m['tflops']:7.1f} TFLOP/s  {m['gbps']:7.0f} GB/s  err {err:.2e}")
+        for key, vfn in prep.variants.items():  # same checks, same timer; recorded beside the main numbers
+            try:
+                vout = vfn()
+                _sync(device)
+                verr = rel_err(vout if sel is None else vout[sel], ref)
+                del vout
+                if not verr <= tol:
+                    m[f"ms_{key}_error"] = f"accuracy: rel err {verr:.3g} > {tol:g}; not timed"
+                    log(f"{tag} variant {key}: ERROR {m[f'ms_{key}_error']}")
+                    continue
+                v_ms = time_wall(vfn, device) if device.type == "cuda" else None
+                m[f"ms_{key}"] = time_events(vfn, 3) if v_ms is not None and v_ms > SLOW_CALL_MS else timer(vfn)
+                log(f"{tag} {'  variant ' + key:<44} {m[f'ms_{key}']:9.4f} ms")
+            except Exception as e:  # noqa: BLE001 - the main numbers stand
+                m[f"ms_{key}_error"] = _short_exc(e)
+                log(f"{tag} variant {key}: ERROR {m[f'ms_{key}_error']}")
+    except PeerUnavailable as e:
+        m = {"error": str(e)}
+        log(f"{tag} ERROR {e}")
+    except Unsupported as e:
+        m["error"] = f"unsupported: {e}"
+        log(f"{tag} ERROR {m['error']}")
+    except Exception as e:  # noqa: BLE001 - one method's failure must not stop the run
+        m["error"] = _short_exc(e, 500)
+        log(f"{tag} ERROR {m['error']}")
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        del prep
+        _free(device)
+    return m
+
+
+def run_case(case: Case, method_names, device, *, factories=None, ceilings=None, seed=0, timer=None,
+             graph_timer=None, log=print) -> dict:
+    """Build ``case`` once, then for every method in ``method_names`` that applies to it (:func:`method_applies`):
+    accuracy against the float32 reference, then timing. Returns the JSON record of the case."""
     device = torch.device(device)
-    rec = {"name": case.name, "kind": case.kind, "rows": case.rows, "heads": case.heads, "topk": case.topk,
-           "ctx": case.ctx, "kv_format": case.kv_format, "block_size": case.block_size, "q_dtype": case.q_dtype,
-           "softmax_scale": case.softmax_scale, "flops": case.flops, "methods": {}}
+    factories = method_factories(None) if factories is None else factories
+    timer = timer or time_do_bench
+    rec = _case_record(case)
     try:
         inp = build_inputs(case, device, seed)
         rec["unique_rows"] = inp.unique_rows
@@ -439,58 +836,23 @@ def run_case(case: Case, method_names, device, *, ceilings=None, seed=0, timer=N
         ref, sel = reference_output(inp)
         rec["checked_rows"] = case.rows if sel is None else int(sel.numel())
     except Exception as e:  # noqa: BLE001 - a broken case must not stop the run
-        rec["error"] = f"{type(e).__name__}: {e}"
+        rec["error"] = _short_exc(e, 500)
         log(f"  ERROR building case: {rec['error']}")
         traceback.print_exc(file=sys.stderr)
+        _free(device)
         return rec
-    tol = tolerance(case.kv_format)
     for name in method_names:
-        m = {"ms": None, "graph_ms": None, "tflops": None, "gbps": None, "pct_copy": None, "rel_err": None,
-             "config": None}
-        rec["methods"][name] = m
-        prep = None
-        try:
-            prep = METHODS[name](inp)
-            m["config"] = prep.config
-            out = prep.fn()
-            _sync(device)
-            got = out if sel is None else out[sel]
-            err = rel_err(got, ref)
-            m["rel_err"] = err
-            del out, got
-            if not err <= tol:
-                m["error"] = f"accuracy: rel err {err:.3g} > {tol:g}; timing refused"
-                log(f"  {name:<8} {prep.config or '':<40} ERROR {m['error']}")
-                continue
-            ms = (timer or time_do_bench)(prep.fn)
-            m["ms"] = ms
-            if case.kind == "decode" and prep.graphable and graph_timer is not None:
-                m["graph_ms"] = graph_timer(prep.fn)
-            m["tflops"] = case.flops / (ms * 1e-3) / 1e12
-            m["gbps"] = inp.unique_bytes / (ms * 1e-3) / 1e9
-            if ceilings and ceilings.get("copy_gbps"):
-                m["pct_copy"] = 100.0 * m["gbps"] / ceilings["copy_gbps"]
-            log(f"  {name:<8} {prep.config or '':<40} {ms:8.4f} ms  graph {_fmt(m['graph_ms'], '.4f')} ms  "
-                f"{m['tflops']:7.1f} TFLOP/s  {m['gbps']:7.0f} GB/s  err {err:.2e}")
-        except Unsupported as e:
-            m["skipped"] = str(e)
-            log(f"  {name:<8} skipped: {e}")
-        except Exception as e:  # noqa: BLE001
-            m["error"] = f"{type(e).__name__}: {e}"
-            log(f"  {name:<8} ERROR {m['error']}")
-            traceback.print_exc(file=sys.stderr)
-        finally:
-            del prep
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        if not method_applies(name, case):
+            continue
+        rec["methods"][name] = _run_method(name, factories.get(name), inp, ref, sel, device=device,
+                                           ceilings=ceilings, timer=timer, graph_timer=graph_timer, log=log)
     del inp, ref
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    _free(device)
     return rec
 
 
 def format_table(results: list[dict], ceilings: dict | None = None) -> str:
-    hdr = (f"{'case':<36} {'method':<7} {'kernel+config':<40} {'ms':>8} {'graph ms':>9} {'TFLOP/s':>8} "
+    hdr = (f"{'case':<37} {'method':<13} {'kernel+config':<44} {'ms':>9} {'graph ms':>9} {'TFLOP/s':>8} "
            f"{'GB/s':>7} {'%copy':>6} {'rel err':>8} {'floor ms':>9}")
     lines = [hdr, "-" * len(hdr)]
     for r in results:
@@ -499,18 +861,20 @@ def format_table(results: list[dict], ceilings: dict | None = None) -> str:
         if fl.get("memory_ms") is not None:
             floor = max(fl["memory_ms"], fl["compute_ms"])
         if r.get("error"):
-            lines.append(f"{r['name']:<36} ERROR {r['error']}")
+            lines.append(f"{r['name']:<37} ERROR {r['error']}")
             continue
         for name, m in r["methods"].items():
-            if m.get("skipped"):
-                lines.append(f"{r['name']:<36} {name:<7} skipped: {m['skipped']}")
-                continue
+            cfg = (m.get("config") or "")[:44]
             if m.get("error"):
-                lines.append(f"{r['name']:<36} {name:<7} {(m.get('config') or ''):<40} ERROR {m['error']}")
+                lines.append(f"{r['name']:<37} {name:<13} {cfg:<44} ERROR {m['error']}")
                 continue
-            lines.append(f"{r['name']:<36} {name:<7} {(m.get('config') or ''):<40} {_fmt(m['ms'], '8.4f'):>8} "
-                         f"{_fmt(m['graph_ms'], '9.4f'):>9} {_fmt(m['tflops'], '8.1f'):>8} {_fmt(m['gbps'], '7.0f'):>7} "
-                         f"{_fmt(m['pct_copy'], '6.1f'):>6} {_fmt(m['rel_err'], '8.1e'):>8} {_fmt(floor, '9.4f'):>9}")
+            lines.append(f"{r['name']:<37} {name:<13} {cfg:<44} {_fmt(m.get('ms'), '9.4f'):>9} "
+                         f"{_fmt(m.get('graph_ms'), '9.4f'):>9} {_fmt(m.get('tflops'), '8.1f'):>8} "
+                         f"{_fmt(m.get('gbps'), '7.0f'):>7} {_fmt(m.get('pct_copy'), '6.1f'):>6} "
+                         f"{_fmt(m.get('rel_err'), '8.1e'):>8} {_fmt(floor, '9.4f'):>9}")
+            for k, v in m.items():  # timed variants of the call (ms_<variant>), e.g. page1_triton's default scales
+                if k.startswith("ms_") and isinstance(v, (int, float)):
+                    lines.append(f"{'':<37} {'':<13} {'  variant ' + k[3:]:<44} {v:9.4f}")
     if ceilings:
         lines.append(f"ceilings: copy {_fmt(ceilings.get('copy_gbps'), '.0f')} GB/s (read + write), "
                      f"bf16 matmul {_fmt(ceilings.get('bf16_tflops'), '.0f')} TFLOP/s; floor = max(unique bytes / "
@@ -518,17 +882,73 @@ def format_table(results: list[dict], ceilings: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def git_commit() -> str | None:
+# ----------------------------------------------------------------------------------------------------- run metadata
+
+_VENDOR_WORDS = {"nvidia", "geforce", "tesla", "quadro", "amd", "instinct", "radeon", "intel", "r", "tm", "data",
+                 "center", "gpu", "graphics", "accelerator"}
+_NOISE_TOKEN = re.compile(r"^(\d+gb|\d+g|sxm\d*|pcie|hbm\d*e?|nvl|nvlink|oam|mig|\d+c)$")
+
+
+def gpu_slug(device_name: str | None) -> str:
+    """Short lowercase name of a device for file names: "NVIDIA H200" -> "h200", "NVIDIA H100 80GB HBM3" -> "h100",
+    "NVIDIA A100-SXM4-80GB" -> "a100", "NVIDIA GeForce RTX 4090" -> "rtx4090", "AMD Instinct MI300X" -> "mi300x",
+    "CPU (...)" -> "cpu". Vendor words and memory / form-factor tokens are dropped; the name runs up to the first
+    token with a digit."""
+    if not device_name or not device_name.strip():
+        return "unknown"
+    low = device_name.strip().lower()
+    if low.startswith("cpu"):
+        return "cpu"
+    toks = [t for t in re.split(r"[^a-z0-9]+", low) if t and t not in _VENDOR_WORDS]
+    picked = []
+    for t in toks:
+        if _NOISE_TOKEN.match(t):
+            continue
+        picked.append(t)
+        if any(ch.isdigit() for ch in t):
+            break
+    slug = "".join(picked)[:24]
+    return slug or (re.sub(r"[^a-z0-9]+", "-", low).strip("-")[:24] or "unknown")
+
+
+def utc_date() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+def results_path(device_name: str, date: str | None = None, out_dir: str | None = None) -> str:
+    """``<out_dir>/<gpu slug>-<YYYY-MM-DD>.json`` (UTC date by default)."""
+    name = f"{gpu_slug(device_name)}-{date or utc_date()}.json"
+    return os.path.join(out_dir or os.path.join("benchmarks", "results"), name)
+
+
+def _git(*args) -> str | None:
     try:
-        r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if r.returncode != 0:
-            return None
-        sha = r.stdout.strip()
-        d = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           timeout=10)
-        return sha + ("-dirty" if d.returncode == 0 and d.stdout.strip() else "")
+        r = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                           cwd=os.path.dirname(os.path.abspath(__file__)))
+        return r.stdout.strip() if r.returncode == 0 else None
     except Exception:  # noqa: BLE001
         return None
+
+
+def resolve_commit(env=None) -> tuple[str | None, str | None, bool | None]:
+    """``(commit, source, dirty)``: ``$TMS_COMMIT`` when set (a copy without .git, e.g. the GPU machine), else
+    ``git rev-parse HEAD`` of the package's checkout (``dirty``: tracked files modified), else ``(None, None,
+    None)``."""
+    env = os.environ if env is None else env
+    c = (env.get("TMS_COMMIT") or "").strip()
+    if c:
+        return c, "TMS_COMMIT", None
+    sha = _git("rev-parse", "HEAD")
+    if not sha:
+        return None, None, None
+    st = _git("status", "--porcelain", "--untracked-files=no")
+    return sha, "git", (bool(st) if st is not None else None)
+
+
+def git_commit() -> str | None:
+    """The commit of the package's checkout with ``-dirty`` appended when tracked files are modified (or None)."""
+    sha, _, dirty = resolve_commit({})
+    return None if sha is None else sha + ("-dirty" if dirty else "")
 
 
 def _versions() -> dict:
@@ -540,71 +960,6 @@ def _versions() -> dict:
     except Exception as e:  # noqa: BLE001
         v["triton"] = f"unavailable ({type(e).__name__})"
     return v
-
-
-def run_bench(*, quick=False, out=None, methods=("ours", "torch"), case_filter=None, seed=0, cpu_smoke=False,
-              log=None) -> int:
-    """Run the benchmark and print the table; returns the exit status (0 ok, 1 a case of 'ours' failed, 2 no GPU)."""
-    log = log or (lambda s: print(s, flush=True))
-    cuda = torch.cuda.is_available()
-    if not cuda and not cpu_smoke:
-        print("triton-mla-sparse bench: needs a CUDA GPU (torch.cuda.is_available() is False); timings through the "
-              "Triton interpreter on a CPU mean nothing. Try `triton-mla-sparse demo` instead.", file=sys.stderr)
-        return 2
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        print(f"triton-mla-sparse bench: unknown method(s) {unknown}; known: {sorted(METHODS)}", file=sys.stderr)
-        return 2
-    device = torch.device("cuda" if cuda else "cpu")
-    cases = smoke_cases() if cpu_smoke else bench_cases(quick)
-    if case_filter:
-        rx = re.compile(case_filter)
-        cases = [c for c in cases if rx.search(c.name)]
-    dev_name = torch.cuda.get_device_name(device) if cuda else f"CPU ({platform.processor() or platform.machine()})"
-    versions = _versions()
-    log(f"triton-mla-sparse bench on {dev_name}: torch {versions['torch']}, triton {versions['triton']}, "
-        f"{len(cases)} cases, methods {', '.join(methods)}" + (" [cpu smoke]" if cpu_smoke else ""))
-    if cuda:
-        log("measuring ceilings (2 GiB device copy, bf16 8192^3 matmul) ...")
-        try:
-            ceilings = measure_ceilings(device)
-            log(f"  copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['bf16_tflops']:.0f} TFLOP/s")
-        except Exception as e:  # noqa: BLE001
-            ceilings = {"copy_gbps": None, "bf16_tflops": None, "error": f"{type(e).__name__}: {e}"}
-            log(f"  ceilings failed: {ceilings['error']}")
-        timer, graph_timer = time_do_bench, time_graph
-    else:
-        ceilings = {"copy_gbps": None, "bf16_tflops": None}
-        timer, graph_timer = (lambda fn: time_wall(fn, device)), None
-    results = []
-    t_start = time.perf_counter()
-    for i, case in enumerate(cases, 1):
-        log(f"[{i}/{len(cases)}] {case.name} ({time.perf_counter() - t_start:.0f} s)")
-        results.append(run_case(case, methods, device, ceilings=ceilings, seed=seed, timer=timer,
-                                graph_timer=graph_timer, log=log))
-    log("")
-    log(format_table(results, ceilings))
-    failed = [r["name"] for r in results
-              if r.get("error") or ("ours" in r["methods"] and r["methods"]["ours"].get("error"))]
-    doc = {
-        "device": dev_name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": versions["torch"], "triton": versions["triton"], "python": versions["python"],
-        "git_commit": git_commit(), "quick": bool(quick), "cpu_smoke": bool(cpu_smoke),
-        "multiprocessors": torch.cuda.get_device_properties(device).multi_processor_count if cuda else None,
-        "ceilings": ceilings, "methods": list(methods), "cases": results, "failed": failed,
-        "elapsed_s": time.perf_counter() - t_start,
-    }
-    if out:
-        d = os.path.dirname(os.path.abspath(out))
-        os.makedirs(d, exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(_clean(doc), f, indent=1, default=_json_default)
-        log(f"wrote {out}")
-    if failed:
-        log(f"FAILED cases (ours): {', '.join(failed)}")
-        return 1
-    log(f"done in {time.perf_counter() - t_start:.0f} s")
-    return 0
 
 
 def _json_default(x):
@@ -626,4 +981,531 @@ def _clean(x):
     return x
 
 
-__all__ += ["decode_case", "prefill_case", "git_commit", "time_do_bench", "time_graph", "time_wall"]
+def write_json(doc: dict, path: str) -> None:
+    """Write ``doc`` to ``path`` atomically (a half-written file never replaces a good one)."""
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(_clean(doc), f, indent=1, default=_json_default)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def load_results(path: str) -> dict:
+    with open(path) as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or not isinstance(doc.get("cases"), list):
+        raise ValueError(f"{path}: not a triton-mla-sparse bench results file (no 'cases' list)")
+    return doc
+
+
+# ----------------------------------------------------------------------------------------------------- the run
+
+DEFAULT_OUT_DIR = os.path.join("benchmarks", "results")
+
+
+def run_bench(*, quick=False, out=None, out_dir=DEFAULT_OUT_DIR, methods=METHOD_KEYS,
+              case_filter=None, seed=0, cpu_smoke=False, peers_dir=None, peers: Peers | None = None, use_vllm=True,
+              budget_s=None, plot=True, compare=None, log=None) -> int:
+    """Run the benchmark, print the tables, write the JSON (and PNG). Returns the exit status: 0 ok, 1 a case of
+    'ours' failed (or the time budget cut the run short), 2 no GPU / bad arguments.
+
+    ``out``: JSON path; default ``<out_dir>/<gpu>-<date>.json`` on a GPU, none for ``cpu_smoke``. The JSON is
+    rewritten after every case (``complete`` false until the end), so a run cut short still leaves its results.
+    ``peers``: preloaded :class:`Peers` (tests); else :func:`load_peers` with ``peers_dir``. ``budget_s``: no case
+    starts after this many seconds (the rest are recorded with an error). ``compare``: an older results JSON to
+    compare with at the end."""
+    log = log or (lambda s: print(s, flush=True))
+    t_start = time.perf_counter()
+    cuda = torch.cuda.is_available()
+    if not cuda and not cpu_smoke:
+        print("triton-mla-sparse bench: needs a CUDA GPU (torch.cuda.is_available() is False); timings through the "
+              "Triton interpreter on a CPU mean nothing. Try `triton-mla-sparse demo` instead, or the reports that "
+              "need no GPU: --plot / --targets / --compare OLD.json --against NEW.json.", file=sys.stderr)
+        return 2
+    methods = tuple(methods)
+    known = set(METHOD_KEYS) | set(METHODS)
+    unknown = [m for m in methods if m not in known]
+    if unknown or not methods:
+        print(f"triton-mla-sparse bench: unknown method(s) {unknown}; known: {', '.join(sorted(known))}",
+              file=sys.stderr)
+        return 2
+    old_doc = None
+    if compare:
+        try:
+            old_doc = load_results(compare)
+        except Exception as e:  # noqa: BLE001 - fail before the long run, not after it
+            print(f"triton-mla-sparse bench: --compare {compare}: {_short_exc(e)}", file=sys.stderr)
+            return 2
+    device = torch.device("cuda" if cuda else "cpu")
+    cases = smoke_cases() if cpu_smoke else bench_cases(quick)
+    if case_filter:
+        rx = re.compile(case_filter)
+        cases = [c for c in cases if rx.search(c.name)]
+    dev_name = torch.cuda.get_device_name(device) if cuda else f"CPU ({platform.processor() or platform.machine()})"
+    now = datetime.datetime.now(datetime.timezone.utc)
+    date = now.strftime("%Y-%m-%d")
+    if out is None and not cpu_smoke:
+        out = results_path(dev_name, date, out_dir)
+    versions = _versions()
+    commit, commit_source, dirty = resolve_commit()
+    log(f"triton-mla-sparse bench on {dev_name}: torch {versions['torch']}, triton {versions['triton']}, commit "
+        f"{commit or 'unknown'}{' (dirty)' if dirty else ''}, {len(cases)} cases, methods {', '.join(methods)}"
+        + (" [cpu smoke]" if cpu_smoke else "") + (f", budget {budget_s:g} s" if budget_s else ""))
+
+    # Peers: load what the requested methods need, and say where each came from (or why it is missing).
+    wanted = [m for m in methods if m in EXTERNAL_PEERS]
+    if peers is None:
+        peers = load_peers(peers_dir, use_vllm=use_vllm, wanted=wanted) if wanted else Peers()
+    peer_status = {}
+    if "torch" in methods:
+        peer_status["torch"] = "built in (gather + matmul + softmax in q's dtype)"
+    for m in wanted:
+        peer_status[m] = peers.status.get(m, "not available: not loaded")
+    if peer_status:
+        log("peers:")
+        for m, s in peer_status.items():
+            log(f"  {m:<13} {s}")
+    factories = method_factories(peers)
+
+    if cuda:
+        log("measuring ceilings (2 GiB device copy, bf16 8192^3 matmul) ...")
+        try:
+            ceilings = measure_ceilings(device)
+            log(f"  copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['bf16_tflops']:.0f} TFLOP/s")
+        except Exception as e:  # noqa: BLE001
+            ceilings = {"copy_gbps": None, "bf16_tflops": None, "error": _short_exc(e)}
+            log(f"  ceilings failed: {ceilings['error']}")
+        timer = time_do_bench
+
+        def graph_timer(fn, call_ms=None):
+            return time_graph(fn, replays=graph_replays(call_ms))
+    else:
+        ceilings = {"copy_gbps": None, "bf16_tflops": None}
+        timer, graph_timer = (lambda fn: time_wall(fn, device)), None
+
+    results: list[dict] = []
+    doc = {
+        "device": dev_name, "date": date, "time": now.isoformat(timespec="seconds"),
+        "torch": versions["torch"], "triton": versions["triton"], "python": versions["python"],
+        "commit": commit, "commit_source": commit_source, "commit_dirty": dirty,
+        "quick": bool(quick), "cpu_smoke": bool(cpu_smoke),
+        "multiprocessors": torch.cuda.get_device_properties(device).multi_processor_count if cuda else None,
+        "ceilings": ceilings, "peers": peer_status, "methods": list(methods), "cases": results, "failed": [],
+        "complete": False, "elapsed_s": None,
+    }
+    cut_short = False
+    for i, case in enumerate(cases, 1):
+        elapsed = time.perf_counter() - t_start
+        if budget_s and elapsed > budget_s:
+            rec = _case_record(case)
+            rec["error"] = f"not run: the time budget of {budget_s:g} s was used up"
+            results.append(rec)
+            if not cut_short:
+                log(f"[{i}/{len(cases)}] time budget of {budget_s:g} s used up ({elapsed:.0f} s): the remaining "
+                    f"{len(cases) - i + 1} cases are recorded as not run")
+            cut_short = True
+            continue
+        eta = "" if i == 1 else f", ~{elapsed / (i - 1) * (len(cases) - i + 1):.0f} s left"
+        log(f"[{i}/{len(cases)}] {case.name} ({elapsed:.0f} s{eta})")
+        results.append(run_case(case, methods, device, factories=factories, ceilings=ceilings, seed=seed,
+                                timer=timer, graph_timer=graph_timer, log=log))
+        if out:
+            doc["elapsed_s"] = time.perf_counter() - t_start
+            try:
+                write_json(doc, out)
+            except OSError as e:
+                log(f"  could not write {out}: {e}")
+    failed = [r["name"] for r in results
+              if r.get("error") or ("ours" in r["methods"] and r["methods"]["ours"].get("error"))]
+    doc.update(failed=failed, complete=not cut_short, elapsed_s=time.perf_counter() - t_start)
+    log("")
+    log(format_table(results, ceilings))
+    log("")
+    log(ratios_text(doc))
+    if not cpu_smoke:
+        log("")
+        log(targets_text(doc))
+    if out:
+        write_json(doc, out)
+        log(f"wrote {out}")
+        if plot:
+            png = plot_results(doc, os.path.splitext(out)[0] + ".png", log=log)
+            if png:
+                log(f"wrote {png}")
+    if old_doc is not None:
+        log("")
+        log(compare_text(old_doc, doc, old_label=compare, new_label=out or "this run"))
+    if failed:
+        log(f"FAILED cases (ours): {', '.join(failed)}")
+        return 1
+    log(f"done in {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------- reports
+# Everything below works on a results JSON (a dict as written by run_bench) and needs no GPU.
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 else None
+
+
+def _method_ms(case_rec: dict | None, method: str, key: str = "ms") -> float | None:
+    """A method's timing in a case record (None when absent, errored or not a positive number)."""
+    if not case_rec:
+        return None
+    m = (case_rec.get("methods") or {}).get(method)
+    if not isinstance(m, dict) or m.get("error"):
+        return None
+    return _num(m.get(key))
+
+
+def _ratio(a, b) -> float | None:
+    return a / b if a is not None and b is not None else None
+
+
+def _case_key(c: dict) -> tuple:
+    return (c.get("kind"), c.get("heads"), c.get("rows"), c.get("kv_format"), c.get("ctx"), c.get("topk"))
+
+
+def _find_case(doc: dict, **sel) -> dict | None:
+    """The first case of ``doc`` whose fields equal every ``sel`` item (kind, heads, rows, kv_format, ...)."""
+    for c in doc.get("cases") or []:
+        if all(c.get(k) == v for k, v in sel.items()):
+            return c
+    return None
+
+
+def _methods_in(doc: dict) -> list[str]:
+    seen = []
+    for c in doc.get("cases") or []:
+        for m in c.get("methods") or {}:
+            if m not in seen:
+                seen.append(m)
+    return [m for m in METHOD_KEYS if m in seen] + [m for m in seen if m not in METHOD_KEYS]
+
+
+def _commit_of(doc: dict) -> str:
+    return str(doc.get("commit") or doc.get("git_commit") or "unknown")
+
+
+def _doc_label(doc: dict) -> str:
+    return f"{doc.get('device', '?')}, {doc.get('date', '?')}, commit {_commit_of(doc)[:12]}"
+
+
+def ratio_rows(doc: dict) -> list[dict]:
+    """Per case: ours ms and ``ours ÷ peer`` for every peer present (do_bench ms; ``graph`` for decode cases where
+    both have a CUDA-graph time). A peer present with an error has ratio None and its error text."""
+    rows = []
+    for c in doc.get("cases") or []:
+        methods = c.get("methods") or {}
+        ours = _method_ms(c, "ours")
+        ours_g = _method_ms(c, "ours", "graph_ms")
+        r = {"case": c.get("name"), "kind": c.get("kind"), "ours_ms": ours, "ratios": {}, "graph_ratios": {},
+             "errors": {}}
+        for p in methods:
+            if p == "ours":
+                continue
+            m = methods[p] or {}
+            if m.get("error"):
+                r["errors"][p] = m["error"]
+            r["ratios"][p] = _ratio(ours, _method_ms(c, p))
+            r["graph_ratios"][p] = _ratio(ours_g, _method_ms(c, p, "graph_ms"))
+        rows.append(r)
+    return rows
+
+
+def _cell(r, g=None, width=14) -> str:
+    if r is None:
+        return "-"
+    return f"{r:.2f}" + (f" (g {g:.2f})" if g is not None else "")
+
+
+def ratios_text(doc: dict) -> str:
+    """Table: per case, ours ms and ours ÷ each peer (< 1: ours is faster); ``g``: the same under CUDA graphs."""
+    peers = [m for m in _methods_in(doc) if m != "ours"]
+    lines = [f"ours / peer (do_bench ms; < 1 means ours is faster; g = CUDA-graph times) -- {_doc_label(doc)}"]
+    hdr = f"{'case':<37} {'ours ms':>9} " + " ".join(f"{'/' + p:>18}" for p in peers)
+    lines += [hdr, "-" * len(hdr)]
+    for r in ratio_rows(doc):
+        cells = []
+        for p in peers:
+            if p not in r["ratios"]:
+                cells.append(f"{'':>18}")
+            elif p in r["errors"]:
+                cells.append(f"{'error':>18}")
+            else:
+                cells.append(f"{_cell(r['ratios'][p], r['graph_ratios'].get(p)):>18}")
+        lines.append(f"{r['case']!s:<37} {_fmt(r['ours_ms'], '9.4f'):>9} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def compare_rows(old: dict, new: dict) -> list[dict]:
+    """Per case of ``new`` (matched in ``old`` by name, else by kind/heads/rows/format/ctx/topk) and per method in
+    either: old ms, new ms, new ÷ old (and the graph-time ratio where both have one)."""
+    by_name = {c.get("name"): c for c in old.get("cases") or []}
+    by_key = {}
+    for c in old.get("cases") or []:
+        by_key.setdefault(_case_key(c), c)
+    rows = []
+    for c in new.get("cases") or []:
+        o = by_name.get(c.get("name")) or by_key.get(_case_key(c))
+        names = list(c.get("methods") or {})
+        for m in (o or {}).get("methods") or {}:
+            if m not in names:
+                names.append(m)
+        names = [m for m in METHOD_KEYS if m in names] + [m for m in names if m not in METHOD_KEYS]
+        for m in names:
+            om, nm = _method_ms(o, m), _method_ms(c, m)
+            og, ng = _method_ms(o, m, "graph_ms"), _method_ms(c, m, "graph_ms")
+            rows.append({"case": c.get("name"), "method": m, "old_ms": om, "new_ms": nm, "ratio": _ratio(nm, om),
+                         "old_graph_ms": og, "new_graph_ms": ng, "graph_ratio": _ratio(ng, og),
+                         "in_old": o is not None})
+    return rows
+
+
+def compare_text(old: dict, new: dict, old_label: str = "old", new_label: str = "new") -> str:
+    lines = ["compare: new / old (< 1 means faster now)",
+             f"  old: {old_label} -- {_doc_label(old)}",
+             f"  new: {new_label} -- {_doc_label(new)}"]
+    hdr = f"{'case':<37} {'method':<13} {'old ms':>9} {'new ms':>9} {'new/old':>8} {'graph new/old':>14}"
+    lines += [hdr, "-" * len(hdr)]
+    prev = None
+    for r in compare_rows(old, new):
+        name = r["case"] if r["case"] != prev else ""
+        prev = r["case"]
+        note = "" if r["in_old"] else "  (case not in old)"
+        lines.append(f"{name!s:<37} {r['method']:<13} {_fmt(r['old_ms'], '9.4f'):>9} "
+                     f"{_fmt(r['new_ms'], '9.4f'):>9} {_fmt(r['ratio'], '8.2f'):>8} "
+                     f"{_fmt(r['graph_ratio'], '14.2f'):>14}{note}")
+    lines += ["", ratios_text(new), "", targets_text(new)]
+    return "\n".join(lines)
+
+
+# The issue's targets, as ours / peer ratios of do_bench ms: (label, [(numerator case, method), (denominator case,
+# method | "best peer")] rows, limit, goal). PASS: ratio <= limit. "every case" rows cover each case with the peer.
+def _dec(heads, fmt, rows=64):
+    return {"kind": "decode", "heads": heads, "rows": rows, "kv_format": fmt}
+
+
+def _pre(heads, fmt="bf16"):
+    return {"kind": "prefill", "heads": heads, "kv_format": fmt}
+
+
+BEST_PEER = "best peer"
+TARGETS = [
+    ("decode h8 & h16 B=64 bf16: ours / best peer",
+     [(_dec(h, "bf16"), "ours", _dec(h, "bf16"), BEST_PEER) for h in (8, 16)], 0.40, 0.25),
+    ("decode h8 & h16 B=64 fp8: ours / flashmla_fp8",
+     [(_dec(h, "fp8_ds_mla"), "ours", _dec(h, "fp8_ds_mla"), "flashmla_fp8") for h in (8, 16)], 0.60, 0.45),
+    ("decode h16 B=256 bf16: ours / flashmla_bf16",
+     [(_dec(16, "bf16", 256), "ours", _dec(16, "bf16", 256), "flashmla_bf16")], 0.90, 0.70),
+    ("decode h128 B=64 bf16: ours / flashmla_bf16",
+     [(_dec(128, "bf16"), "ours", _dec(128, "bf16"), "flashmla_bf16")], 1.50, 1.00),
+    ("decode h128 B=64 fp8: ours / flashmla_fp8",
+     [(_dec(128, "fp8_ds_mla"), "ours", _dec(128, "fp8_ds_mla"), "flashmla_fp8")], 1.20, 0.85),
+    ("prefill h128 & h64 bf16: ours / flashmla_bf16",
+     [(_pre(h), "ours", _pre(h), "flashmla_bf16") for h in (128, 64)], 1.60, 1.20),
+    ("prefill h16 & h8 bf16: ours / flashmla_bf16",
+     [(_pre(h), "ours", _pre(h), "flashmla_bf16") for h in (16, 8)], 0.80, 0.50),
+    ("every case: ours / page1_triton", "every case:page1_triton", 0.33, 0.15),
+    ("decode h16 B=64: ours fp8 / ours bf16",
+     [(_dec(16, "fp8_ds_mla"), "ours", _dec(16, "bf16"), "ours")], 0.70, 0.60),
+]
+
+
+def _best_peer(c: dict, key: str = "ms") -> tuple[str | None, float | None]:
+    best = (None, None)
+    for p in (c.get("methods") or {}):
+        if p == "ours":
+            continue
+        v = _method_ms(c, p, key)
+        if v is not None and (best[1] is None or v < best[1]):
+            best = (p, v)
+    return best
+
+
+def _sel_text(sel: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in sel.items())
+
+
+def _why_missing(c: dict | None, m: str) -> str:
+    if c is None:
+        return "case not in results"
+    if m == BEST_PEER:
+        return "no peer timed"
+    rec = (c.get("methods") or {}).get(m)
+    if rec is None:
+        return f"{m} not in results"
+    if rec.get("error"):
+        return f"{m}: {rec['error']}"
+    return f"{m}: no time"
+
+
+def target_rows(doc: dict) -> list[dict]:
+    """One row per (target, case): ``ratio`` (do_bench ms), ``graph_ratio`` (decode, both graph-timed), ``limit``,
+    ``goal``, ``status`` PASS / FAIL / n/a, ``goal_met``, ``note`` (which peer, or why n/a)."""
+    out = []
+    for label, spec, limit, goal in TARGETS:
+        pairs = []
+        if isinstance(spec, str):  # every case that has the peer
+            peer = spec.split(":", 1)[1]
+            for c in doc.get("cases") or []:
+                if peer in (c.get("methods") or {}):
+                    pairs.append((c, "ours", c, peer, c.get("name")))
+            if not pairs:
+                pairs.append((None, "ours", None, peer, f"(no case has {peer})"))
+        else:
+            for nsel, nm, dsel, dm in spec:
+                nc, dc = _find_case(doc, **nsel), _find_case(doc, **dsel)
+                name = nc.get("name") if nc else f"({_sel_text(nsel)})"
+                if nc and dc and nc is not dc:  # two cases, e.g. ours fp8 / ours bf16
+                    fmt = str(nc.get("kv_format"))
+                    name = str(nc.get("name")).replace(fmt, f"{fmt} / {dc.get('kv_format')}")
+                pairs.append((nc, nm, dc, dm, name))
+        for nc, nm, dc, dm, name in pairs:
+            num, num_g = _method_ms(nc, nm), _method_ms(nc, nm, "graph_ms")
+            note = ""
+            if dm == BEST_PEER:
+                bp, den = _best_peer(dc) if dc else (None, None)
+                _, den_g = _best_peer(dc, "graph_ms") if dc else (None, None)
+                if bp:
+                    note = f"best peer: {bp} {den:.4f} ms"
+            else:
+                den, den_g = _method_ms(dc, dm), _method_ms(dc, dm, "graph_ms")
+            why = [_why_missing(cc, mm) for cc, mm, v in ((nc, nm, num), (dc, dm, den)) if v is None]
+            if why:
+                note = "; ".join(dict.fromkeys(why))
+            ratio = _ratio(num, den)
+            alt = _method_ms(dc, dm, "ms_default_scales") if dm == "page1_triton" else None
+            if alt is not None and num is not None:
+                extra = f"vs page1 as sweep.py called it (default scales): {num / alt:.2f}"
+                note = f"{note}; {extra}" if note else extra
+            kind = (nc or {}).get("kind")
+            g = _ratio(num_g, den_g) if kind == "decode" else None
+            eps = 1e-9  # a ratio equal to the limit passes, whatever the float rounding
+            status = "n/a" if ratio is None else ("PASS" if ratio <= limit + eps else "FAIL")
+            out.append({"target": label, "case": name, "ratio": ratio, "graph_ratio": g, "limit": limit, "goal": goal,
+                        "status": status, "goal_met": ratio is not None and ratio <= goal + eps, "note": note})
+    return out
+
+
+def targets_text(doc: dict) -> str:
+    rows = target_rows(doc)
+    lines = [f"targets (ours / peer, do_bench ms; PASS = ratio <= limit; goal: where the issue wants it; graph = the "
+             f"same with CUDA-graph times) -- {_doc_label(doc)}"]
+    hdr = (f"{'target':<46} {'case':<40} {'ratio':>6} {'graph':>6} {'limit':>6} {'goal':>5} {'status':<6} "
+           f"{'goal?':<5} note")
+    lines += [hdr, "-" * len(hdr)]
+    prev = None
+    for r in rows:
+        tgt = r["target"] if r["target"] != prev else ""
+        prev = r["target"]
+        lines.append(f"{tgt:<46} {str(r['case'])[:40]:<40} {_fmt(r['ratio'], '6.2f'):>6} "
+                     f"{_fmt(r['graph_ratio'], '6.2f'):>6} {r['limit']:6.2f} {r['goal']:5.2f} {r['status']:<6} "
+                     f"{'met' if r['goal_met'] else '-':<5} {r['note']}")
+    n = {s: sum(r["status"] == s for r in rows) for s in ("PASS", "FAIL", "n/a")}
+    lines.append(f"{n['PASS']} PASS, {n['FAIL']} FAIL, {n['n/a']} n/a; goal met on {sum(r['goal_met'] for r in rows)} "
+                 f"of {len(rows)} rows")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------- plot
+
+METHOD_COLORS = {"ours": "#d62728", "torch": "#7f7f7f", "page1_triton": "#2ca02c", "flashmla_bf16": "#1f77b4",
+                 "flashmla_fp8": "#9467bd"}
+
+
+def plot_results(doc_or_path, png: str | None = None, *, log=print) -> str | None:
+    """Grouped bar chart of a results JSON (dict or path): one group per case, one bar per method with a time,
+    log-scale ms; an × at the bottom marks a method that applies but has an error (e.g. a peer not available).
+    Saved to ``png`` (default: the JSON's path with .png). Returns the PNG path, or None when matplotlib is not
+    importable (printed as skipped)."""
+    if isinstance(doc_or_path, (str, os.PathLike)):
+        path = os.fspath(doc_or_path)
+        doc = load_results(path)
+        png = png or os.path.splitext(path)[0] + ".png"
+    else:
+        doc = doc_or_path
+    if not png:
+        raise ValueError("plot_results: png path required when given a dict")
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
+    except ImportError as e:
+        log(f"plot skipped: matplotlib is not importable ({e}); pip install 'triton-mla-sparse[bench]'")
+        return None
+    cases = [c for c in doc.get("cases") or [] if c.get("methods")]
+    methods = _methods_in(doc)
+    n_m = max(1, len(methods))
+    width = 0.8 / n_m
+    fig = Figure(figsize=(max(8.0, 0.62 * len(cases) + 2.5), 6.2), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    all_ms = [v for c in cases for m in methods if (v := _method_ms(c, m)) is not None]
+    lo = min(all_ms) if all_ms else 1e-3
+    err_y = lo / 2.2
+    handles = []
+    for j, m in enumerate(methods):
+        xs, ys, ex = [], [], []
+        for i, c in enumerate(cases):
+            x = i - 0.4 + width * (j + 0.5)
+            v = _method_ms(c, m)
+            if v is not None:
+                xs.append(x)
+                ys.append(v)
+            elif m in (c.get("methods") or {}):
+                ex.append(x)
+        color = METHOD_COLORS.get(m) or f"C{j}"
+        ax.bar(xs, ys, width=width * 0.95, color=color, zorder=3)
+        handles.append(Patch(color=color, label=m))
+        if ex:
+            ax.scatter(ex, [err_y] * len(ex), marker="x", s=18, color=color, zorder=4)
+    ax.set_yscale("log")
+    if all_ms:
+        ax.set_ylim(bottom=lo / 3.5, top=max(all_ms) * 2.0)
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels([c.get("name", "?") for c in cases], rotation=55, ha="right", fontsize=7)
+    ax.set_xlim(-0.6, len(cases) - 0.4)
+    ax.set_ylabel("ms per call (do_bench median, log scale)")
+    ax.grid(axis="y", which="both", alpha=0.3, zorder=0)
+    ax.set_title(f"triton-mla-sparse bench: {doc.get('device', '?')}, {doc.get('date', '?')}, "
+                 f"commit {_commit_of(doc)[:12]}", fontsize=10)
+    if methods:
+        ax.legend(handles=handles, fontsize=8, ncol=min(5, n_m), loc="upper left")
+    if not all_ms:
+        ax.text(0.5, 0.5, "no timings", transform=ax.transAxes, ha="center")
+    fig.text(0.01, 0.01, "× = applies but errored / not available (see JSON)", fontsize=7, color="#555555")
+    fig.tight_layout()
+    d = os.path.dirname(os.path.abspath(png))
+    os.makedirs(d, exist_ok=True)
+    fig.savefig(png)
+    return png
+
+
+def report_main(*, plot=None, png=None, targets=None, compare=None, against=None, log=None) -> int:
+    """The GPU-free modes of ``triton-mla-sparse bench``: ``--plot``, ``--targets``, ``--compare OLD --against NEW``.
+    Returns 0, or 2 when a file cannot be read."""
+    log = log or (lambda s: print(s, flush=True))
+    try:
+        if compare and against:
+            log(compare_text(load_results(compare), load_results(against), old_label=compare, new_label=against))
+        if targets:
+            doc = load_results(targets)
+            log(ratios_text(doc))
+            log("")
+            log(targets_text(doc))
+        if plot:
+            p = plot_results(plot, png, log=log)
+            if p:
+                log(f"wrote {p}")
+    except (OSError, ValueError) as e:
+        print(f"triton-mla-sparse bench: {_short_exc(e)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+__all__ += ["decode_case", "prefill_case", "git_commit", "time_do_bench", "time_graph", "time_wall", "time_events",
+            "graph_replays", "report_main", "write_json", "utc_date", "BEST_PEER", "METHOD_COLORS"]

@@ -47,22 +47,72 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to run (default: cuda when available, else the CPU interpreter)")
     d.add_argument("--seed", type=int, default=0, help="random seed of the generated data (default 0)")
 
-    b = sub.add_parser("bench", help="benchmark the kernels on a CUDA GPU (decode and prefill cases)",
-                       description="Accuracy vs the float32 reference first, then do_bench medians (and CUDA-graph "
-                                   "replay for decode) for every case, against the device copy bandwidth and bf16 "
-                                   "matmul rate measured in the same run. Needs a CUDA GPU (exit 2 otherwise).")
+    b = sub.add_parser(
+        "bench", help="benchmark the kernels and their peers on a CUDA GPU; plot / compare / check targets of results",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Every method on the same inputs in one process (ours, torch, page1_triton, flashmla_bf16,\n"
+                    "flashmla_fp8; peers where they apply and load), accuracy vs the float32 reference first, then\n"
+                    "do_bench medians (and CUDA-graph replay for decode), against the device copy bandwidth and\n"
+                    "bf16 matmul rate measured in the same run. Writes benchmarks/results/<gpu>-<date>.json and a\n"
+                    "PNG plot beside it. Needs a CUDA GPU (exit 2 otherwise), except the report modes.",
+        epilog="peers are loaded from --peers DIR, else $TMS_PEERS_DIR, else ./.peers when it exists (made by\n"
+               "../shared/tools/get-peers.sh), else an installed vLLM; each is reported as loaded (and from where)\n"
+               "or not available (and why).\n"
+               "report modes (no GPU):\n"
+               "  triton-mla-sparse bench --plot RESULTS.json [--png OUT.png]\n"
+               "  triton-mla-sparse bench --targets RESULTS.json\n"
+               "  triton-mla-sparse bench --compare OLD.json --against NEW.json\n"
+               "the commit recorded is $TMS_COMMIT when set, else `git rev-parse HEAD`.")
     b.add_argument("--quick", action="store_true", help="a subset that runs in about a minute")
-    b.add_argument("--out", metavar="PATH.json", help="write all numbers as JSON to this file")
-    b.add_argument("--methods", default="ours,torch",
-                   help="comma-separated methods to run (default: ours,torch)")
+    b.add_argument("--out", metavar="PATH.json",
+                   help="results JSON (default: OUT_DIR/<gpu>-<YYYY-MM-DD>.json); the PNG goes beside it")
+    b.add_argument("--out-dir", metavar="DIR", default=os.path.join("benchmarks", "results"),
+                   help="folder of the default results file (default: benchmarks/results)")
+    b.add_argument("--methods", default="ours,torch,page1_triton,flashmla_bf16,flashmla_fp8",
+                   help="comma-separated methods to run (default: all five; peers only where they apply)")
+    b.add_argument("--peers", metavar="DIR",
+                   help="folder with the peer modules (default: $TMS_PEERS_DIR, else ./.peers, else installed vLLM)")
     b.add_argument("--filter", metavar="REGEX", help="only the cases whose name matches this regular expression")
     b.add_argument("--seed", type=int, default=0, help="random seed of the generated inputs (default 0)")
+    b.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="start no case after this many seconds (the rest are recorded as not run)")
+    b.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
+    b.add_argument("--compare", metavar="OLD.json",
+                   help="after the run (or with --against, instead of one): per case and method, old ms, new ms "
+                        "and new/old, then ours/peer ratios and the targets of the new results")
+    b.add_argument("--against", metavar="NEW.json", help="with --compare: the newer results file (no run, no GPU)")
+    b.add_argument("--targets", metavar="RESULTS.json",
+                   help="print ours/peer ratios and the issue's targets (PASS/FAIL) of a results file (no GPU)")
+    b.add_argument("--plot", metavar="RESULTS.json", help="draw the PNG of a results file (no GPU)")
+    b.add_argument("--png", metavar="PATH.png", help="with --plot: where to write it (default: beside the JSON)")
     b.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)  # tiny cases, any device
 
     sub.add_parser("select", add_help=False,
                    help="which sparse MLA backend vLLM picks for a GPU, model, TP size and kv cache dtype, and why "
                         "(see `triton-mla-sparse select --help`)")
     return p
+
+
+def _bench(args) -> int:
+    if args.against and not args.compare:
+        print("triton-mla-sparse bench: --against needs --compare OLD.json", file=sys.stderr)
+        return 2
+    if args.png and not args.plot:
+        print("triton-mla-sparse bench: --png goes with --plot RESULTS.json", file=sys.stderr)
+        return 2
+    if args.plot or args.targets or args.against:
+        # Report modes: read JSON files only; no device, no kernels, no triton import.
+        from .bench import report_main
+
+        return report_main(plot=args.plot, png=args.png, targets=args.targets, compare=args.compare,
+                           against=args.against)
+    _prepare_device()
+    from .bench import run_bench
+
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    return run_bench(quick=args.quick, out=args.out, out_dir=args.out_dir, methods=methods, case_filter=args.filter,
+                     seed=args.seed, cpu_smoke=args.cpu_smoke, peers_dir=args.peers, budget_s=args.budget,
+                     plot=not args.no_plot, compare=args.compare)
 
 
 def _version() -> str:
@@ -93,12 +143,7 @@ def main(argv=None) -> int:
 
         return run_demo(device=args.device, seed=args.seed)
     if args.command == "bench":
-        _prepare_device()
-        from .bench import run_bench
-
-        methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-        return run_bench(quick=args.quick, out=args.out, methods=methods, case_filter=args.filter, seed=args.seed,
-                         cpu_smoke=args.cpu_smoke)
+        return _bench(args)
     return 2  # pragma: no cover (argparse requires a command)
 
 
