@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_attention_inputs
+from .capabilities import arch_for_device, describe_device, unsupported_reasons
 from .formats import D_V
 from .kernels.configs import choose_config, interpreting
 
@@ -44,7 +45,15 @@ def sparse_mla_attention_with_config(q, kv_cache, indices, softmax_scale, *, kv_
         except ImportError:
             raise ValueError("q: CPU tensors run through Triton's interpreter, which needs numpy "
                              "(pip install numpy, or triton-mla-sparse[cpu])") from None
-    cfg = choose_config(p.T, p.H, p.topk, dev, kernel, **config_overrides)
+    arch = None
+    if dev.type == "cuda":
+        arch = arch_for_device(dev)
+        reasons = unsupported_reasons(arch, q_dtype=p.dtype, kv_format=p.kv_format, d_rope=p.d_rope, heads=p.H,
+                                      topk=p.topk, block_size=p.block_size, device_desc=describe_device(dev))
+        if reasons:
+            raise ValueError(f"q: this configuration is not supported on {describe_device(dev)}: "
+                             + "; ".join(reasons))
+    cfg = choose_config(p.T, p.H, p.topk, dev, kernel, kv_format=p.kv_format, arch=arch, **config_overrides)
     result = out if out is not None else torch.empty(p.T, p.H, D_V, dtype=p.dtype, device=dev)
     lse = torch.empty(p.T, p.H, dtype=torch.float32, device=dev)
     if p.T > 0:

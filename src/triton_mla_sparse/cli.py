@@ -1,4 +1,4 @@
-"""The ``triton-mla-sparse`` command: ``demo``, ``bench`` and ``select``.
+"""The ``triton-mla-sparse`` command: ``demo``, ``bench``, ``check``, ``info`` and ``select``.
 
 Triton reads ``TRITON_INTERPRET`` once, when it is imported; the package imports triton only when a kernel first
 runs. So :func:`main` settles the device (and sets ``TRITON_INTERPRET=1`` when there is no CUDA GPU) before any
@@ -87,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--png", metavar="PATH.png", help="with --plot: where to write it (default: beside the JSON)")
     b.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)  # tiny cases, any device
 
+    c = sub.add_parser("check", help="self-test: every format and both kernels against the reference on this GPU",
+                       description="Runs every supported kv format (bf16, fp16, fp8_e4m3, fp8_ds_mla with pow2 and fp32 "
+                                   "scales) through both kernels at a few sizes against the float32 reference and "
+                                   "prints a pass/fail table with errors and the chosen configs. Exits 1 on any "
+                                   "failure. Without a GPU it runs reduced sizes through the Triton interpreter.")
+    c.add_argument("--seed", type=int, default=0)
+    i = sub.add_parser("info", help="device, architecture family, launch configs that apply, and what is unsupported",
+                       description="What this library does on the current GPU (or on --arch without one).")
+    i.add_argument("--arch", help="show a declared architecture instead of the current device (e.g. sm86, gfx942)")
+
     sub.add_parser("select", add_help=False,
                    help="which sparse MLA backend vLLM picks for a GPU, model, TP size and kv cache dtype, and why "
                         "(see `triton-mla-sparse select --help`)")
@@ -144,6 +154,15 @@ def main(argv=None) -> int:
         return run_demo(device=args.device, seed=args.seed)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "check":
+        _prepare_device()
+        from .check import run_check
+
+        return run_check(seed=args.seed)
+    if args.command == "info":
+        from .check import run_info
+
+        return run_info(args.arch)
     return 2  # pragma: no cover (argparse requires a command)
 
 

@@ -1,7 +1,9 @@
-"""Launch configurations: block sizes, warps, stages and split counts, fixed per problem shape.
+"""Launch configurations: block sizes, warps, stages and split counts, fixed per architecture and problem shape.
 
 No autotuning at call time (it would re-benchmark inside a CUDA-graph capture): every choice is a pure function
-of the problem's shape and the device's multiprocessor count.
+of the architecture family, the problem's shape and the device's multiprocessor count. :data:`TABLE` holds one
+entry per (architecture, head class, cache class); the compile-matrix test builds every entry for its target and
+checks shared memory against the architecture's budget and (NVIDIA) that ptxas reports no spills.
 """
 
 from __future__ import annotations
@@ -13,6 +15,101 @@ from dataclasses import dataclass, replace
 import torch
 
 KERNELS = ("auto", "decode", "prefill")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One table entry: what a program of this class is built with."""
+
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int  # resident programs per multiprocessor (sizes the decode split count)
+
+
+HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
+CACHE_CLASSES = ("16bit", "fp8_e4m3", "fp8_ds_mla")  # bf16/fp16 rows; the two fp8 row formats
+
+# Measured on the H200 (benchmarks/NOTES.md) for sm90; elsewhere the fastest-by-construction entry that the
+# compile matrix shows to fit the architecture's shared memory without spills (no hardware to time it on).
+_L = Launch
+TABLE: dict[str, dict[tuple[int, str], Launch]] = {
+    "sm90": {
+        (16, "fp8_e4m3"): _L(16, 32, 8, 2, 1),
+        (32, "fp8_e4m3"): _L(32, 32, 8, 2, 1),
+        (64, "fp8_e4m3"): _L(32, 32, 8, 2, 1),
+        (16, "16bit"): _L(16, 64, 4, 2, 2),
+        (32, "16bit"): _L(32, 64, 8, 2, 1),
+        (64, "16bit"): _L(64, 64, 8, 2, 1),
+        (16, "fp8_ds_mla"): _L(16, 32, 4, 2, 2),
+        (32, "fp8_ds_mla"): _L(32, 64, 8, 2, 1),
+        (64, "fp8_ds_mla"): _L(64, 64, 8, 2, 1),
+    },
+    "sm100": {
+        (16, "fp8_e4m3"): _L(16, 32, 8, 2, 1),
+        (32, "fp8_e4m3"): _L(32, 32, 8, 2, 1),
+        (64, "fp8_e4m3"): _L(64, 16, 8, 2, 1),
+        (16, "16bit"): _L(16, 64, 4, 2, 2),
+        (32, "16bit"): _L(32, 64, 8, 2, 1),
+        (64, "16bit"): _L(64, 64, 8, 2, 1),
+        (16, "fp8_ds_mla"): _L(16, 32, 4, 2, 2),
+        (32, "fp8_ds_mla"): _L(32, 64, 8, 2, 1),
+        (64, "fp8_ds_mla"): _L(64, 32, 8, 2, 1),
+    },
+    "sm80": {
+        (16, "fp8_e4m3"): _L(16, 32, 4, 2, 2),
+        (32, "fp8_e4m3"): _L(32, 32, 8, 2, 1),
+        (64, "fp8_e4m3"): _L(32, 32, 8, 2, 1),
+        (16, "16bit"): _L(16, 64, 4, 2, 1),
+        (32, "16bit"): _L(32, 64, 8, 2, 1),
+        (64, "16bit"): _L(64, 32, 8, 2, 1),
+        (16, "fp8_ds_mla"): _L(16, 32, 4, 2, 2),
+        (32, "fp8_ds_mla"): _L(32, 32, 8, 2, 1),
+        (64, "fp8_ds_mla"): _L(32, 32, 8, 2, 1),
+    },
+    # ~99 KB of shared memory: one program per SM at these tile sizes.
+    "sm86": {
+        (16, "fp8_e4m3"): _L(16, 32, 8, 2, 1),
+        (32, "fp8_e4m3"): _L(32, 32, 8, 2, 1),
+        (64, "fp8_e4m3"): _L(32, 32, 8, 2, 1),
+        (16, "16bit"): _L(16, 64, 4, 2, 1),
+        (32, "16bit"): _L(32, 32, 8, 2, 1),
+        (64, "16bit"): _L(64, 16, 8, 2, 1),
+        (16, "fp8_ds_mla"): _L(16, 32, 4, 2, 1),
+        (32, "fp8_ds_mla"): _L(32, 32, 8, 2, 1),
+        (64, "fp8_ds_mla"): _L(32, 32, 8, 2, 1),
+    },
+    "gfx942": {
+        (16, "fp8_e4m3"): _L(16, 64, 4, 2, 1),
+        (32, "fp8_e4m3"): _L(32, 64, 8, 2, 1),
+        (64, "fp8_e4m3"): _L(64, 32, 8, 2, 1),
+        (16, "16bit"): _L(16, 32, 4, 2, 1),
+        (32, "16bit"): _L(32, 32, 8, 2, 1),
+        (64, "16bit"): _L(64, 32, 8, 2, 1),
+        (16, "fp8_ds_mla"): _L(16, 64, 4, 2, 1),
+        (32, "fp8_ds_mla"): _L(32, 64, 8, 2, 1),
+        (64, "fp8_ds_mla"): _L(64, 32, 8, 2, 1),
+    },
+}
+TABLE["sm89"] = TABLE["sm86"]
+TABLE["sm120"] = TABLE["sm86"]
+TABLE["gfx950"] = TABLE["gfx942"]
+# Interpreter (CPU): small tiles so tests cover several steps and splits quickly.
+_INTERPRETER = Launch(16, 16, 4, 1, 1)
+
+
+def cache_class(kv_format: str) -> str:
+    return kv_format if kv_format in ("fp8_e4m3", "fp8_ds_mla") else "16bit"
+
+
+def use_sw_fp8(arch, kv_format: str) -> bool:
+    """Decode e4m3 with integer operations: only for fp8 caches on targets without native fp8 conversions."""
+    return cache_class(kv_format) != "16bit" and not arch.fp8_hw
+
+
+def head_class(H: int) -> int:
+    return 16 if H <= 16 else 32 if H <= 32 else 64
 
 
 @dataclass(frozen=True)
@@ -65,24 +162,32 @@ def _split_count(rows_x_heads: int, n_blocks: int, slots: int) -> int:
     return best
 
 
-def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str = "auto",
-                  **overrides) -> AttentionConfig:
+def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str = "auto", *,
+                  kv_format: str = "bf16", arch=None, **overrides) -> AttentionConfig:
     """Pick the kernel and its launch parameters for ``T`` rows, ``H`` heads and lists of ``topk`` slots.
 
-    Heads are tiled by ``block_h`` (16..64, a power of two covering H where H <= 64), so every cache row gathered
-    for a row is shared by up to 64 heads. The prefill kernel is chosen when rows × head blocks alone fill two waves
-    of resident programs; otherwise the decode kernel splits each row's list so that the grid fills whole waves.
-    ``overrides`` replace any field (tests and benchmarks use them to reach a specific configuration).
+    The table entry of the device's architecture (``arch``, else the device's) sets the head block (every cache
+    row gathered for a row is shared by up to ``block_h`` heads), the tile and the warps. The prefill kernel is
+    chosen when rows × head blocks alone fill two waves of resident programs; otherwise the decode kernel splits
+    each row's list so that the grid fills whole waves. ``overrides`` replace any field (tests and benchmarks use
+    them to reach a specific configuration).
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
-    block_h = overrides.pop("block_h", min(64, max(16, _next_pow2(H))))
+    if arch is None and device.type == "cuda":
+        from ..capabilities import arch_for_device
+
+        arch = arch_for_device(device)
+    if arch is None or interpreting():
+        launch = replace(_INTERPRETER, block_h=min(64, max(16, _next_pow2(H))))
+        sw_fp8 = False
+    else:
+        launch = TABLE[arch.name][(head_class(H), cache_class(kv_format))]
+        sw_fp8 = use_sw_fp8(arch, kv_format)
+    block_h = overrides.pop("block_h", launch.block_h)
+    block_n = overrides.pop("block_n", launch.block_n)
     n_hb = -(-H // block_h)
-    block_n = overrides.pop("block_n", 16 if interpreting() else 64)
-    num_warps = 4 if block_h <= 16 else 8
-    num_stages = 1 if interpreting() else 2
-    per_sm = 2 if block_h <= 16 else 1
-    slots = multiprocessor_count(device) * per_sm
+    slots = multiprocessor_count(device) * launch.programs_per_sm
     n_blocks = -(-topk // block_n)
     if kernel == "auto":
         kernel = "prefill" if T * n_hb >= 2 * slots or n_blocks == 1 else "decode"
@@ -93,5 +198,6 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     split_len = -(-(-(-topk // num_splits)) // block_n) * block_n
     num_splits = -(-topk // split_len)
     cfg = AttentionConfig(kernel=kernel, block_h=block_h, block_n=block_n, num_splits=num_splits,
-                          split_len=split_len, num_warps=num_warps, num_stages=num_stages, programs_per_sm=per_sm)
+                          split_len=split_len, num_warps=launch.num_warps, num_stages=launch.num_stages,
+                          sw_fp8=sw_fp8, programs_per_sm=launch.programs_per_sm)
     return replace(cfg, **overrides) if overrides else cfg

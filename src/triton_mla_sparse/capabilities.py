@@ -1,0 +1,100 @@
+"""What the kernels support, declared as data, and the reasons a configuration is not supported.
+
+One place answers "does this run here?": the architectures (CUDA compute capabilities and ROCm gfx targets) with the
+resources the launch-configuration table budgets for, and the problem limits. :func:`unsupported_reasons` returns
+the list of reasons a configuration is not supported (empty = supported); ``sparse_mla_attention`` raises them as
+one ``ValueError`` before anything is launched, and the vLLM backend and ``triton-mla-sparse info`` read the same
+data.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from .formats import D_ROPE, D_V, KV_FORMATS
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One architecture family the kernels are built and checked for."""
+
+    name: str  # "sm80" … "sm120", "gfx942", "gfx950"
+    backend: str  # "cuda" | "hip"
+    target: int | str  # Triton GPUTarget arch: 80 … 120, or "gfx942"
+    warp_size: int
+    shared_bytes: int  # shared memory (LDS) one program may use
+    fp8_hw: bool  # Triton lowers float8e4nv conversions natively; otherwise the integer decode is used
+    capabilities: tuple[tuple[int, int], ...] = ()  # CUDA compute capabilities served by this family
+    note: str = ""
+
+
+ARCHS: dict[str, Arch] = {a.name: a for a in (
+    Arch("sm80", "cuda", 80, 32, 163 * 1024, False, ((8, 0),), "A100, A30"),
+    Arch("sm86", "cuda", 86, 32, 99 * 1024, False, ((8, 6), (8, 7)), "A10, A40, RTX 3090, Jetson Orin"),
+    Arch("sm89", "cuda", 89, 32, 99 * 1024, True, ((8, 9),), "L4, L40S, RTX 4090"),
+    Arch("sm90", "cuda", 90, 32, 227 * 1024, True, ((9, 0),), "H100, H200"),
+    Arch("sm100", "cuda", 100, 32, 227 * 1024, True, ((10, 0), (10, 3)), "B200, B300"),
+    Arch("sm120", "cuda", 120, 32, 99 * 1024, True, ((12, 0), (12, 1)), "RTX PRO 6000 Blackwell, RTX 5090"),
+    Arch("gfx942", "hip", "gfx942", 64, 64 * 1024, False, (), "MI300X, MI325X"),
+    Arch("gfx950", "hip", "gfx950", 64, 64 * 1024, True, (), "MI350X, MI355X (160 KB LDS; budgeted at 64 KB)"),
+)}
+
+Q_DTYPES = (torch.float16, torch.bfloat16)
+MAX_HEADS = 128
+MAX_TOPK = 16384
+D_ROPES = (0, D_ROPE)
+
+
+def arch_for_capability(capability: tuple[int, int]) -> Arch | None:
+    """The family serving a CUDA compute capability (None when undeclared)."""
+    for arch in ARCHS.values():
+        if tuple(capability) in arch.capabilities:
+            return arch
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def arch_for_device(device: torch.device) -> Arch | None:
+    """The family of a CUDA/ROCm device (None for an undeclared GPU). Queried lazily, cached per device."""
+    if device.type != "cuda":
+        return None
+    if getattr(torch.version, "hip", None):
+        name = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+        return ARCHS.get(name)
+    return arch_for_capability(torch.cuda.get_device_capability(device))
+
+
+def describe_device(device: torch.device) -> str:
+    if getattr(torch.version, "hip", None):
+        return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"compute capability {major}.{minor}"
+
+
+def unsupported_reasons(arch: Arch | None, *, q_dtype: torch.dtype = torch.bfloat16, kv_format: str = "bf16",
+                        d_v: int = D_V, d_rope: int = D_ROPE, heads: int = 16, topk: int = 2048,
+                        block_size: int = 64, device_desc: str = "this GPU") -> list[str]:
+    """Why the kernels do not support this configuration on ``arch`` (empty list: supported)."""
+    reasons = []
+    if arch is None:
+        declared = ", ".join(f"{a.name} ({', '.join(f'{x}.{y}' for x, y in a.capabilities) or a.target})"
+                             for a in ARCHS.values())
+        reasons.append(f"{device_desc} is not a declared architecture (declared: {declared})")
+    if q_dtype not in Q_DTYPES:
+        reasons.append(f"q dtype {q_dtype} is not supported (float16 or bfloat16)")
+    if kv_format not in KV_FORMATS:
+        reasons.append(f"kv_format {kv_format!r} is not supported (one of {KV_FORMATS})")
+    if d_v != D_V:
+        reasons.append(f"D_v = {d_v} is not supported (only {D_V})")
+    if d_rope not in D_ROPES:
+        reasons.append(f"D_rope = {d_rope} is not supported (only {D_ROPE}, or 0 for NoPE)")
+    if not 1 <= heads <= MAX_HEADS:
+        reasons.append(f"{heads} heads are not supported (1 to {MAX_HEADS} per call)")
+    if not 1 <= topk <= MAX_TOPK:
+        reasons.append(f"top-k {topk} is not supported (1 to {MAX_TOPK})")
+    if block_size < 1:
+        reasons.append(f"block size {block_size} is not supported (>= 1)")
+    return reasons

@@ -1,0 +1,126 @@
+"""``triton-mla-sparse check`` (self-test on the current GPU) and ``triton-mla-sparse info`` (what applies here)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from .capabilities import ARCHS, MAX_HEADS, MAX_TOPK, arch_for_device, describe_device, unsupported_reasons
+from .formats import KV_FORMATS, quantize_fp8_ds_mla
+
+# (heads, rows, topk, slots): a GLM-5 TP8 decode, a DeepSeek-V3.2 TP8 decode, a 64-head prefill, a 128-head step.
+GPU_SIZES = [(8, 64, 2048, 8192), (16, 4, 2048, 8192), (64, 256, 512, 4096), (128, 8, 2048, 8192)]
+CPU_SIZES = [(3, 2, 40, 128), (16, 3, 70, 256)]  # through the interpreter: tiny
+CHECK_FORMATS = ["bf16", "fp16", "fp8_e4m3", "fp8_ds_mla/pow2", "fp8_ds_mla/fp32"]
+
+
+def _inputs(fmt, heads, rows, topk, slots, device, q_dtype, gen):
+    kv = torch.randn(slots // 64, 64, 576, generator=gen, device=device)
+    kwargs = {}
+    if fmt in ("bf16", "fp16"):
+        cache = kv.to(torch.bfloat16 if fmt == "bf16" else torch.float16)
+    elif fmt == "fp8_e4m3":
+        kwargs["k_scale"] = 0.02
+        cache = (kv / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn)
+    else:
+        cache = quantize_fp8_ds_mla(kv, scale_format=fmt.split("/")[1])
+    q = torch.randn(rows, heads, 576, generator=gen, device=device).to(q_dtype)
+    idx = torch.randint(-8, slots + 8, (rows, topk), generator=gen, device=device, dtype=torch.int32)
+    return q, cache, idx, kwargs
+
+
+def run_check(seed: int = 0) -> int:
+    """Every supported format × both kernels against the float32 reference at a few sizes; 0 if all pass."""
+    from . import reference
+    from .api import sparse_mla_attention_with_config
+
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda") if on_gpu else torch.device("cpu")
+    arch = arch_for_device(device) if on_gpu else None
+    where = f"{torch.cuda.get_device_name(device)} ({describe_device(device)}, {arch.name if arch else 'undeclared'})" \
+        if on_gpu else "CPU (Triton interpreter, float16, reduced sizes)"
+    print(f"triton-mla-sparse check on {where}", flush=True)
+    q_dtype = torch.bfloat16 if on_gpu else torch.float16
+    tol = 1e-2 if q_dtype == torch.bfloat16 else 3e-3
+    gen = torch.Generator(device=device).manual_seed(seed)
+    sizes = GPU_SIZES if on_gpu else CPU_SIZES
+    header = f"{'format':16s} {'kernel':8s} {'heads':>5s} {'rows':>5s} {'topk':>5s}  {'config':44s} {'rel err':>8s} " \
+             f"{'lse err':>8s}  result"
+    print(header)
+    print("-" * len(header))
+    failures = 0
+    for fmt in CHECK_FORMATS:
+        for heads, rows, topk, slots in sizes:
+            q, cache, idx, kwargs = _inputs(fmt, heads, rows, topk, slots, device, q_dtype, gen)
+            ref, ref_lse = reference.sparse_mla_attention(q, cache, idx, 0.0625, return_lse=True,
+                                                          out_dtype=torch.float32, **kwargs)
+            for kernel in ("decode", "prefill"):
+                t0 = time.time()
+                try:
+                    out = torch.full_like(q[..., :512], float("nan"))
+                    _, lse, cfg = sparse_mla_attention_with_config(q, cache, idx, 0.0625, out=out, return_lse=True,
+                                                                   kernel=kernel, return_config=True, **kwargs)
+                    err = ((out.float() - ref).norm() / ref.norm()).item()
+                    finite = torch.isfinite(ref_lse)
+                    same_inf = bool(torch.equal(finite, torch.isfinite(lse)))
+                    lse_err = (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+                    ok = math.isfinite(err) and err <= tol and same_inf and lse_err <= 1e-2
+                    cfg_s = f"bh{cfg.block_h} bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} " \
+                            f"split{cfg.num_splits}{' swfp8' if cfg.sw_fp8 else ''}"
+                    result = "pass" if ok else "FAIL"
+                except Exception as e:  # noqa: BLE001 - reported as a failure of this cell
+                    err = lse_err = float("nan")
+                    cfg_s, result, ok = f"{type(e).__name__}: {e}"[:44], "FAIL", False
+                failures += not ok
+                print(f"{fmt:16s} {kernel:8s} {heads:5d} {rows:5d} {topk:5d}  {cfg_s:44s} {err:8.1e} {lse_err:8.1e}  "
+                      f"{result} ({time.time() - t0:.1f} s)", flush=True)
+    total = len(CHECK_FORMATS) * len(sizes) * 2
+    print(f"{total - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+def run_info(arch_name: str | None = None) -> int:
+    """Device, architecture family, the launch table entries that apply, and what is unsupported and why."""
+    from .kernels.configs import CACHE_CLASSES, HEAD_CLASSES, TABLE
+
+    if arch_name is not None:
+        if arch_name not in ARCHS:
+            print(f"unknown architecture {arch_name!r}; declared: {', '.join(ARCHS)}")
+            return 2
+        arch, device_line = ARCHS[arch_name], f"architecture {arch_name} (as asked; no device probed)"
+    elif torch.cuda.is_available():
+        dev = torch.device("cuda")
+        arch = arch_for_device(dev)
+        device_line = f"{torch.cuda.get_device_name(dev)}, {describe_device(dev)}, " \
+                      f"{torch.cuda.get_device_properties(dev).multi_processor_count} multiprocessors"
+    else:
+        print("device: none (no CUDA/ROCm GPU visible to torch); kernels run only through Triton's interpreter "
+              "(TRITON_INTERPRET=1, float16). `triton-mla-sparse info --arch sm90` shows an architecture's table.")
+        print(f"declared architectures: {', '.join(f'{a.name} ({a.note})' for a in ARCHS.values())}")
+        return 0
+    print(f"device: {device_line}")
+    if arch is None:
+        print("architecture: not declared -> unsupported:")
+        for reason in unsupported_reasons(None, device_desc=device_line):
+            print(f"  - {reason}")
+        return 1
+    print(f"architecture family: {arch.name} ({arch.note}); backend {arch.backend}, warp size {arch.warp_size}, "
+          f"shared-memory budget {arch.shared_bytes // 1024} KB, fp8 conversions "
+          f"{'native' if arch.fp8_hw else 'by integer decode (no native e4m3 conversion)'}")
+    print(f"formats: {', '.join(KV_FORMATS)}; q float16/bfloat16; D_v 512, D_rope 64 or 0; heads 1..{MAX_HEADS}; "
+          f"top-k 1..{MAX_TOPK}; any block size")
+    print("launch table (head class x cache class -> block_h, block_n, warps, stages, programs/SM):")
+    for hc in HEAD_CLASSES:
+        cells = []
+        for cc in CACHE_CLASSES:
+            launch = TABLE[arch.name][(hc, cc)]
+            cells.append(f"{cc}: bh{launch.block_h} bn{launch.block_n} w{launch.num_warps} s{launch.num_stages} "
+                         f"x{launch.programs_per_sm}")
+        print(f"  H<={hc if hc < 64 else MAX_HEADS:3d}  " + " | ".join(cells))
+    print("unsupported here (rejected up front with these reasons):")
+    for reason in unsupported_reasons(arch, heads=MAX_HEADS + 1, topk=MAX_TOPK + 1, d_rope=32, kv_format="int8",
+                                      q_dtype=torch.float32):
+        print(f"  - {reason}")
+    return 0

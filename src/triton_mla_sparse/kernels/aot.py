@@ -1,0 +1,164 @@
+"""Ahead-of-time compilation of the kernels for any target, on any machine (no GPU needed).
+
+Used by the compile-matrix test and by ``triton-mla-sparse info``: compiles a kernel configuration for a
+``GPUTarget`` with the same specialisation a real launch gets (16-byte aligned pointers, strides divisible by 16,
+unit index stride) and reports shared memory, registers and spills read from the binary.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from . import attention as A
+from .configs import AttentionConfig
+
+_PTR_TYPES = {
+    "q_nope_ptr": "q", "q_pe_ptr": "q", "kv_ptr": "kv", "idx_ptr": "*i32", "topk_len_ptr": "*i32",
+    "sink_ptr": "*fp32", "k_scale_ptr": "*fp32", "out_ptr": "*fp32", "lse_ptr": "*fp32",
+}
+_INTS = ["stride_qn_t", "stride_qn_h", "stride_qp_t", "stride_qp_h", "stride_kv_blk", "stride_kv_row",
+         "stride_idx_t", "stride_idx_k", "stride_tl", "stride_sink", "stride_o_t", "stride_o_s", "stride_o_h",
+         "stride_l_t", "stride_l_s", "stride_l_h", "T", "H", "topk", "num_slots", "block_size", "num_splits",
+         "split_len"]
+# What a launch with real vLLM-shaped tensors specialises as divisible by 16 (pointers are 16-byte aligned).
+_DIV16 = {"stride_qn_t", "stride_qn_h", "stride_qp_t", "stride_qp_h", "stride_kv_blk", "stride_kv_row",
+          "stride_idx_t", "stride_o_t", "stride_o_s", "stride_o_h", "stride_l_t", "stride_l_s", "block_size"}
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    target: str
+    shared_bytes: int
+    registers: int | None  # NVIDIA only
+    stack_bytes: int | None  # NVIDIA: stack frame (register spills land here)
+    local_bytes: int | None
+
+    @property
+    def spills(self) -> bool:
+        return bool(self.stack_bytes) or bool(self.local_bytes)
+
+
+def target_for(arch) -> GPUTarget:
+    """The ``GPUTarget`` of a :class:`~triton_mla_sparse.capabilities.Arch`."""
+    return GPUTarget(arch.backend, arch.target, arch.warp_size)
+
+
+def compile_attention(arch, cfg: AttentionConfig, *, kv_format: str, split: bool, q_dtype: str = "bf16",
+                      has_rope: bool = True):
+    """Compile the attention kernel of ``cfg`` for ``arch`` (worst-case flags: topk_length and sink on)."""
+    fmt = A._FMT_CODES[kv_format]
+    kv_type = "*u8" if fmt != A.FMT_NATIVE else f"*{'fp16' if kv_format == 'fp16' else 'bf16'}"
+    sig = {n: (f"*{q_dtype}" if t == "q" else kv_type if t == "kv" else t) for n, t in _PTR_TYPES.items()}
+    sig.update({n: "i32" for n in _INTS})
+    sig.update(sm_scale_log2="fp32", k_scale="fp32")
+    const = dict(FMT=fmt, CONVERT=fmt == A.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,
+                 HAS_TOPK_LEN=True, HAS_SINK=True, K_SCALE_PTR=False, SPLIT=split, BLOCK_H=cfg.block_h,
+                 BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8)
+    names = list(sig) + list(const)
+    sig.update({k: "constexpr" for k in const})
+    sig["stride_idx_k"] = "constexpr"
+    consts = {(names.index(k),): v for k, v in const.items()}
+    consts[(names.index("stride_idx_k"),)] = 1
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in list(_PTR_TYPES) + sorted(_DIV16)}
+    src = ASTSource(fn=A._sparse_mla_fwd_kernel, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=target_for(arch),
+                          options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+
+
+def compile_combine(arch, cfg: AttentionConfig, q_dtype: str = "bf16"):
+    """Compile the split-merge kernel of ``cfg`` for ``arch``."""
+    sig = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": f"*{q_dtype}",
+           "lse_ptr": "*fp32"}
+    ints = ["stride_po_t", "stride_po_s", "stride_po_h", "stride_pl_t", "stride_pl_s", "stride_pl_h",
+            "stride_o_t", "stride_o_h", "stride_l_t", "stride_l_h", "stride_sink", "H", "num_splits"]
+    sig.update({n: "i32" for n in ints})
+    const = dict(HAS_SINK=True, BLOCK_H=cfg.combine_block_h)
+    names = list(sig) + list(const)
+    sig.update({k: "constexpr" for k in const})
+    consts = {(names.index(k),): v for k, v in const.items()}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in list(sig)[:5]}
+    src = ASTSource(fn=A._combine_kernel, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=target_for(arch), options=dict(num_warps=cfg.combine_warps, num_stages=1))
+
+
+def _cuobjdump() -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def report(arch, compiled) -> CompileReport:
+    """Shared memory from Triton's metadata; registers, stack frame and local memory from the cubin."""
+    shared = int(compiled.metadata.shared)
+    if arch.backend != "cuda":
+        return CompileReport(arch.name, shared, None, None, None)
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+        path = f.name
+    try:
+        out = subprocess.run([_cuobjdump(), "--dump-resource-usage", path], capture_output=True, text=True,
+                             check=True).stdout
+    finally:
+        os.unlink(path)
+    fields = dict(re.findall(r"\b(REG|STACK|LOCAL):(\d+)", out))
+    return CompileReport(arch.name, shared, int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"]))
+
+
+MATRIX_FORMATS = {"16bit": ("bf16",), "fp8_e4m3": ("fp8_e4m3",), "fp8_ds_mla": ("fp8_ds_mla",)}
+
+
+def matrix_entries(arch_name: str):
+    """Every (head class, cache class, kv format, kernel) the launch table can pick on ``arch_name``."""
+    from .configs import TABLE
+
+    return [(hc, cc, fmt, kernel) for (hc, cc) in TABLE[arch_name] for fmt in MATRIX_FORMATS[cc]
+            for kernel in ("decode", "prefill")]
+
+
+def table_config(arch, hc: int, cc: str, kernel: str) -> AttentionConfig:
+    """The config the launch table gives ``arch`` for a head class and cache class (split sizes are irrelevant
+    to compilation)."""
+    from .configs import TABLE, use_sw_fp8
+
+    launch = TABLE[arch.name][(hc, cc)]
+    return AttentionConfig(kernel=kernel, block_h=launch.block_h, block_n=launch.block_n, num_splits=2,
+                           split_len=1024, num_warps=launch.num_warps, num_stages=launch.num_stages,
+                           sw_fp8=use_sw_fp8(arch, MATRIX_FORMATS[cc][0]), programs_per_sm=launch.programs_per_sm)
+
+
+def compile_matrix(arch_name: str) -> list[dict]:
+    """Compile every table entry (and the combine kernel) for one target; one dict per build."""
+    from ..capabilities import ARCHS
+
+    arch = ARCHS[arch_name]
+    out = []
+    for hc, cc, fmt, kernel in matrix_entries(arch_name):
+        cfg = table_config(arch, hc, cc, kernel)
+        item = dict(arch=arch_name, hc=hc, cc=cc, fmt=fmt, kernel=kernel, config=repr(cfg))
+        try:
+            item.update(vars(report(arch, compile_attention(arch, cfg, kv_format=fmt, split=kernel == "decode"))))
+        except Exception as e:  # noqa: BLE001 - a failed build is a result of the matrix
+            item["error"] = f"{type(e).__name__}: {e}"
+        out.append(item)
+    cfg = table_config(arch, 16, "16bit", "decode")
+    item = dict(arch=arch_name, hc=0, cc="", fmt="", kernel="combine", config=repr(cfg))
+    try:
+        item.update(vars(report(arch, compile_combine(arch, cfg))))
+    except Exception as e:  # noqa: BLE001
+        item["error"] = f"{type(e).__name__}: {e}"
+    out.append(item)
+    return out
+
+
+if __name__ == "__main__":  # python -m triton_mla_sparse.kernels.aot ARCH  -> JSON lines
+    import json
+    import sys
+
+    for row in compile_matrix(sys.argv[1]):
+        print(json.dumps(row), flush=True)
