@@ -189,14 +189,17 @@ def _sparse_mla_fwd_kernel(
     for n0 in range(n_start, n_end, BLOCK_N):
         p_row, m_n = _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, n0 + o_n, n_end, num_slots, block_size, kv_ptr,
                            stride_kv_blk, stride_kv_row)
+        if HAS_ROPE:
+            b_kr = _dequant_rope(_gather_rope(p_row, o_r, m_n, FMT), FMT, CONVERT, SW_FP8, dt)
+        else:
+            b_kr = b_qr  # unused: NoPE rows end after the latent and must not be read past it
         b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _attend(
             b_q0, b_q1, b_q2, b_q3, b_qr,
             _dequant(_gather_chunk(p_row, o_c, m_n, 0), _gather_scale(p_row, m_n, 0, FMT), FMT, CONVERT, SW_FP8, dt),
             _dequant(_gather_chunk(p_row, o_c, m_n, 1), _gather_scale(p_row, m_n, 1, FMT), FMT, CONVERT, SW_FP8, dt),
             _dequant(_gather_chunk(p_row, o_c, m_n, 2), _gather_scale(p_row, m_n, 2, FMT), FMT, CONVERT, SW_FP8, dt),
             _dequant(_gather_chunk(p_row, o_c, m_n, 3), _gather_scale(p_row, m_n, 3, FMT), FMT, CONVERT, SW_FP8, dt),
-            _dequant_rope(_gather_rope(p_row, o_r, m_n, FMT), FMT, CONVERT, SW_FP8, dt),
-            m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE, dt)
+            b_kr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE, dt)
 
     # Normalise; an empty range (no valid entry) gives 0 and lse -inf.
     b_inv = tl.where(b_l > 0, 1.0 / b_l, 0.0)
