@@ -85,7 +85,10 @@ def sparse_mla_attention(q, kv_cache, indices, softmax_scale, *, kv_format=None,
     chunk = max(1, (1 << 26) // max(1, p.topk * q_full.shape[-1]))
     for t0 in range(0, T, chunk):
         sl = slice(t0, min(T, t0 + chunk))
-        raw = p.kv[blk[sl], off[sl]]  # [t, topk, row] as stored
+        if p.num_slots == 0:  # an empty cache: every entry is invalid, nothing to gather
+            raw = p.kv.new_zeros(sl.stop - sl.start, p.topk, p.kv.shape[2])
+        else:
+            raw = p.kv[blk[sl], off[sl]]  # [t, topk, row] as stored
         k = dequantize_rows(p, raw, cd)  # [t, topk, D_qk]
         k = k.masked_fill(~valid[sl, :, None], 0.0)  # invalid entries read slot 0: never let its values leak
         s = torch.einsum("thd,tkd->thk", q_full[sl], k) * p.softmax_scale
@@ -95,7 +98,10 @@ def sparse_mla_attention(q, kv_cache, indices, softmax_scale, *, kv_format=None,
         res[sl] = torch.einsum("thk,tkd->thd", w, k[..., :D_V])
         lse[sl] = row_lse
     if p.attn_sink is not None:
-        res = res * torch.sigmoid(lse - p.attn_sink.to(cd)[None, :])[..., None]
+        # exp(lse) / (exp(lse) + exp(sink)); a row without valid entries has out = 0 whatever the sink (the where
+        # keeps sink = -inf from giving sigmoid(-inf - -inf) = NaN there).
+        factor = torch.sigmoid(lse - p.attn_sink.to(cd)[None, :])
+        res = res * torch.where(torch.isneginf(lse), torch.zeros_like(factor), factor)[..., None]
     result_dtype = out_dtype if out_dtype is not None else p.dtype
     if out is not None:
         out.copy_(res)

@@ -213,8 +213,10 @@ def _sparse_mla_fwd_kernel(
     else:
         if HAS_SINK:
             b_sink = tl.load(sink_ptr + o_h * stride_sink, mask=m_h, other=0.0)
-            # exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + exp(sink - lse)); 0 when lse = -inf.
-            b_inv = b_inv / (1.0 + tl.exp2(b_sink * 1.4426950408889634 - b_lse2))
+            # exp(lse) / (exp(lse) + exp(sink)) = 1 / (1 + exp(sink - lse)); an empty row stays 0 (b_inv is 0;
+            # the where keeps a -inf sink from making exp2(-inf - -inf) = NaN there).
+            b_inv = tl.where(b_lse2 == float("-inf"), 0.0,
+                             b_inv / (1.0 + tl.exp2(b_sink * 1.4426950408889634 - b_lse2)))
         b_f = b_inv
         p_o = out_ptr + i_t * stride_o_t + o_h[:, None].to(tl.int64) * stride_o_h
         tl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
@@ -260,7 +262,7 @@ def _combine_kernel(
     b_inv = tl.where(b_w > 0, 1.0 / b_w, 0.0)
     if HAS_SINK:
         b_sink = tl.load(sink_ptr + o_h * stride_sink, mask=m_h, other=0.0)
-        b_inv = b_inv / (1.0 + tl.exp2(b_sink * 1.4426950408889634 - b_lse2))
+        b_inv = tl.where(b_lse2 == float("-inf"), 0.0, b_inv / (1.0 + tl.exp2(b_sink * 1.4426950408889634 - b_lse2)))
     p_o = out_ptr + i_t * stride_o_t + o_h[:, None].to(tl.int64) * stride_o_h + o_d[None, :]
     tl.store(p_o, (b_acc * b_inv[:, None]).to(out_ptr.dtype.element_ty), mask=m_h[:, None])
     tl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
