@@ -23,7 +23,19 @@ def seed(request) -> int:
     return s
 
 
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true", default=False,
+                     help="property-based fuzz tests (tests/test_fuzz.py) draw many more examples, with a fresh "
+                          "random seed each run (same as TMS_FUZZ_LONG=1)")
+
+
 def pytest_configure(config):
     # The interpreter evaluates log2(0) and 1/0 with numpy for rows without a valid index (lse -inf by design).
     config.addinivalue_line("filterwarnings",
                             "ignore:divide by zero encountered:RuntimeWarning:triton.runtime.interpreter")
+    config.addinivalue_line("markers", "memcheck: GPU cases that benchmarks/memcheck.sh runs under "
+                                       "compute-sanitizer --tool memcheck (garbage indices, buffers ending their "
+                                       "allocation)")
+    if config.getoption("--long"):
+        # Read by tests/test_fuzz.py when it is imported (collection comes after pytest_configure).
+        os.environ["TMS_FUZZ_LONG"] = "1"

@@ -299,3 +299,131 @@ def manual_attention(prob: Problem, *, topk_length=None, attn_sink=None):
     if attn_sink is not None:
         out = out * torch.sigmoid(lse - attn_sink.double().cpu())[..., None]
     return out, lse
+
+
+def place_at_end(stored: torch.Tensor, *, row_pad: int = 0, block_pad: int = 0, align: int = 512,
+                 fill: int = 0xFF) -> torch.Tensor:
+    """Put stored rows [nb, bs, row] into a view whose LAST element is the last element of its own allocation.
+
+    The buffer is one flat uint8 tensor of a multiple of ``align`` bytes, filled with ``fill`` bytes (0xFF: NaN in
+    every float format); ``row_pad`` elements after each row and ``block_pad`` elements after each block become
+    strides (row stride row + row_pad, block stride bs · row stride + block_pad), except after the very last row,
+    which ends exactly at the buffer's end. The slack needed to reach ``align`` goes in front. On a GPU under
+    compute-sanitizer (with PyTorch's caching allocator off) the first byte past the cache is outside any
+    allocation; on the CPU :func:`interpreter_memcheck` checks the same bound.
+    """
+    nb, bs, row = stored.shape
+    dtype = stored.dtype
+    es = stored.element_size()
+    rs = row + row_pad
+    bstride = bs * rs + block_pad
+    if nb * bs == 0:
+        return stored.to(DEVICE).contiguous()
+    span = (nb - 1) * bstride + (bs - 1) * rs + row  # elements from the first to the last element of the view
+    n_bytes = -(-(span * es) // align) * align
+    buf = torch.full((n_bytes,), fill, dtype=torch.uint8, device=DEVICE).view(dtype)
+    view = buf.as_strided((nb, bs, row), (bstride, rs, 1), n_bytes // es - span)
+    view.copy_(stored.to(DEVICE))
+    assert view[-1, -1, -1].data_ptr() + es == buf.data_ptr() + n_bytes
+    return view
+
+
+def tensor_extent(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) byte addresses that a strided view can reach (empty range for an empty tensor)."""
+    if t.numel() == 0:
+        return (0, 0)
+    es = t.element_size()
+    lo = sum(min(0, (n - 1) * s) for n, s in zip(t.shape, t.stride()))
+    hi = sum(max(0, (n - 1) * s) for n, s in zip(t.shape, t.stride()))
+    return (t.data_ptr() + lo * es, t.data_ptr() + (hi + 1) * es)
+
+
+class interpreter_memcheck:
+    """Context manager: every load and store that Triton's interpreter performs (mask on) must fall inside the
+    extent of one of the tensor arguments of the running launch (the strided view, not its whole storage).
+
+    The interpreter runs kernels on the CPU tensors' own memory (no copies), so an address past a view's last
+    element is exactly what would be an out-of-bounds access on a GPU when the view ends its allocation (see
+    :func:`place_at_end`). Violations are collected in ``self.violations`` (at most 20) and the launch continues.
+    ``self.active`` is False where the interpreter's internals differ from what this relies on (then nothing is
+    checked); ``self.launches`` counts the checked launches.
+    """
+
+    def __init__(self):
+        self.violations: list[str] = []
+        self.launches = 0
+        self.active = False
+        self._stack: list[list[tuple[int, int, str]]] = []
+
+    def __enter__(self):
+        try:
+            from triton.runtime import interpreter as interp
+
+            builder = interp.interpreter_builder
+            self._interp, self._builder = interp, builder
+            self._orig_call = interp.GridExecutor.__call__
+            self._np_dtype = interp._get_np_dtype
+            builder.create_masked_load  # noqa: B018  (the methods this wraps)
+            builder.create_masked_store  # noqa: B018
+        except (ImportError, AttributeError):
+            return self
+        check = self
+
+        def call(ge, *args, **kwargs):
+            ranges = []
+            named = list(zip(list(ge.arg_names) + [f"arg{i}" for i in range(len(args))], args))
+            for name, a in named + list(kwargs.items()):
+                if isinstance(a, torch.Tensor) and a.numel() > 0:
+                    lo, hi = tensor_extent(a)
+                    ranges.append((lo, hi, name))
+            check._stack.append(ranges)
+            check.launches += 1
+            try:
+                return check._orig_call(ge, *args, **kwargs)
+            finally:
+                check._stack.pop()
+
+        def load(ptrs, mask, other, *a, **k):
+            check._check("load", ptrs, mask)
+            return orig_load(ptrs, mask, other, *a, **k)
+
+        def store(ptrs, value, mask, *a, **k):
+            check._check("store", ptrs, mask)
+            return orig_store(ptrs, value, mask, *a, **k)
+
+        orig_load, orig_store = builder.create_masked_load, builder.create_masked_store
+        interp.GridExecutor.__call__ = call
+        builder.create_masked_load = load
+        builder.create_masked_store = store
+        self.active = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.active:
+            self._interp.GridExecutor.__call__ = self._orig_call
+            del self._builder.create_masked_load  # back to the class's methods
+            del self._builder.create_masked_store
+            self.active = False
+        return False
+
+    def _check(self, kind, ptrs, mask):
+        import numpy as np
+
+        if not self._stack:
+            return
+        addr = np.asarray(ptrs.data, dtype=np.uint64)
+        m = np.broadcast_to(np.asarray(mask.data, dtype=bool), addr.shape)
+        addr = addr[m].astype(np.int64)
+        if addr.size == 0:
+            return
+        size = self._np_dtype(ptrs.get_element_ty()).itemsize
+        ok = np.zeros(addr.shape, dtype=bool)
+        for lo, hi, _ in self._stack[-1]:
+            ok |= (addr >= lo) & (addr + size <= hi)
+        if ok.all() or len(self.violations) >= 20:
+            return
+        bad = addr[~ok]
+        near = min(self._stack[-1], key=lambda r: min(abs(int(bad[0]) - r[0]), abs(int(bad[0]) - r[1])))
+        self.violations.append(f"{kind} of {bad.size} element(s) of {size} B outside every argument; first at "
+                               f"{int(bad[0]) - near[0]:+d} B from the start of {near[2]!r} "
+                               f"(extent {near[1] - near[0]} B)")

@@ -179,6 +179,17 @@ CASES = [
      lambda d: dict(out=torch.full((T, H, 1024), SENTINEL).half()[..., ::2])),
     ("out_numpy", "out", "fp16", lambda d: dict(out=torch.zeros(T, H, 512).half().cpu().numpy())),
     ("out_device", "out", "fp16", lambda d: dict(out=torch.zeros(T, H, 512, device=META).half())),
+    # limits: unsupported sizes are rejected up front, with the reason
+    ("q_129_heads", "q", "fp16", lambda d: dict(q=torch.randn(T, 129, 576).half())),
+    ("q_4096_heads", "q", "fp16", lambda d: dict(q=torch.zeros(T, 1, 576).half().expand(T, 4096, 576))),
+    ("q_tuple_129_heads", "q", "fp16",
+     lambda d: dict(q=(torch.zeros(T, 129, 512).half(), torch.zeros(T, 129, 64).half()))),
+    ("q_nope_129_heads", "q", "fp16", lambda d: dict(q=torch.zeros(T, 129, 512).half(), kv_format=None,
+                                                     kv_cache=torch.zeros(NB, BS, 512).half())),
+    ("q_rows_2_31", "q", "fp16", lambda d: dict(q=torch.zeros(1, H, 576).half().expand(2**31, H, 576))),
+    ("indices_topk_16385", "indices", "fp16", lambda d: dict(indices=torch.zeros(T, 16385, dtype=torch.int32))),
+    ("indices_topk_2_20", "indices", "fp16",
+     lambda d: dict(indices=torch.zeros(T, 1, dtype=torch.int32).expand(T, 2**20))),
 ]
 IMPLS = {"triton": tms.sparse_mla_attention, "reference": reference.sparse_mla_attention}
 
@@ -257,3 +268,42 @@ def test_accepted_variants():
     q = dn.pop("q")
     for qf in ((q, None), (q, q[..., :0])):
         call(reference.sparse_mla_attention, {**dn, "q": qf})
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_limit_messages_give_the_limit_and_reason(impl):
+    d = good()
+    for mutation, name, words in [
+        (dict(q=torch.randn(T, 129, 576).half()), "q", ("at most 128 heads", "129")),
+        (dict(indices=torch.zeros(T, 16385, dtype=torch.int32)), "indices", ("topk <= 16384", "16385")),
+        (dict(q=torch.zeros(1, H, 576).half().expand(2**31, H, 576)), "q", ("2147483647 rows", "launch grid")),
+    ]:
+        with pytest.raises(ValueError) as e:
+            call(IMPLS[impl], {**d, **mutation})
+        msg = str(e.value)
+        assert msg.startswith(f"{name}: expected") and all(w in msg for w in words), msg
+        assert "(" in msg.split("got")[0], f"no reason given: {msg}"
+    assert (d["out"] == SENTINEL).all()
+
+
+def test_limits_themselves_are_accepted():
+    """128 heads, topk 16384 and 2^31 - 1 rows pass validation (checked without running: expanded views)."""
+    from triton_mla_sparse._checks import MAX_HEADS, MAX_ROWS, MAX_TOPK, check_attention_inputs
+
+    assert (MAX_HEADS, MAX_TOPK, MAX_ROWS) == (128, 16384, 2**31 - 1)
+    d = good()
+    p = check_attention_inputs(torch.zeros(1, 1, 576).half().expand(MAX_ROWS, MAX_HEADS, 576), d["kv_cache"],
+                               torch.zeros(1, 1, dtype=torch.int32).expand(MAX_ROWS, MAX_TOPK), 0.1)
+    assert (p.T, p.H, p.topk) == (MAX_ROWS, MAX_HEADS, MAX_TOPK)
+    p = check_attention_inputs((torch.zeros(2, 128, 512).half(), None), d["kv_cache"][..., :512].contiguous(),
+                               torch.zeros(2, 1, MAX_TOPK, dtype=torch.int32), 0.1)
+    assert (p.H, p.topk) == (128, MAX_TOPK)
+
+
+def test_reference_at_the_limits():
+    """The reference computes a call at the largest supported head count and top-k (one row)."""
+    d = good()
+    idx = torch.randint(-5, NB * BS + 5, (1, 16384), dtype=torch.int32)
+    q = torch.randn(1, 128, 576).half()
+    out, lse = reference.sparse_mla_attention(q, d["kv_cache"], idx, 0.1, return_lse=True)
+    assert out.shape == (1, 128, 512) and torch.isfinite(out).all() and torch.isfinite(lse).all()

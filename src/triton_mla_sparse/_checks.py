@@ -15,6 +15,11 @@ from .formats import D_ROPE, D_V, FP8_DS_MLA_BYTES, KV_FORMAT_DTYPES, KV_FORMATS
 
 Q_DTYPES = (torch.float16, torch.bfloat16)
 
+# Limits, checked up front (each with its reason in the error message).
+MAX_HEADS = 128  # the largest head count of the supported models (DeepSeek-V3.2 without tensor parallelism)
+MAX_TOPK = 16384  # the longest top-k list tested and supported (8 x DSA's index_topk of 2048)
+MAX_ROWS = 2**31 - 1  # query rows go on axis 0 of the launch grid (CUDA's limit: 2^31 - 1 programs)
+
 
 def _desc(x) -> str:
     if isinstance(x, torch.Tensor):
@@ -163,6 +168,12 @@ def check_attention_inputs(q, kv_cache, indices, softmax_scale, *, kv_format=Non
     d_rope = 0 if q_pe is None else q_pe.shape[2]
     if H < 1:
         _fail("q", "at least one head", q_nope)
+    if H > MAX_HEADS:
+        _fail("q", f"at most {MAX_HEADS} heads (the kernels are tuned and tested for 1..{MAX_HEADS} heads, the "
+              f"largest count of the supported models; split the heads into calls of at most {MAX_HEADS})", q_nope)
+    if T > MAX_ROWS:
+        _fail("q", f"at most {MAX_ROWS} rows (each row is one program on axis 0 of the launch grid, whose limit is "
+              f"2^31 - 1; split the batch)", q_nope)
     kv, kv_format, num_slots, block_size = _check_kv(kv_cache, kv_format, d_rope, device)
     if kv_format == "fp8_ds_mla" and d_rope not in (0, D_ROPE):
         _fail("q", f"D_rope {D_ROPE} or 0 for fp8_ds_mla", q_nope)
@@ -173,6 +184,9 @@ def check_attention_inputs(q, kv_cache, indices, softmax_scale, *, kv_format=Non
         _fail("indices", "an int32 tensor [T, topk]", indices)
     if indices.dim() != 2 or indices.shape[0] != T or indices.shape[1] < 1:
         _fail("indices", f"shape [{T}, topk] with topk >= 1", indices)
+    if indices.shape[1] > MAX_TOPK:
+        _fail("indices", f"topk <= {MAX_TOPK} (the longest top-k list the kernels are tested for; a longer list "
+              f"can be split into chunks whose (out, lse) pairs are merged by log-sum-exp)", indices)
     if indices.device != device:
         _fail("indices", f"device {device} (the device of q)", indices)
 
