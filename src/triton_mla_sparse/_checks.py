@@ -159,6 +159,18 @@ def _check_k_scale(k_scale, kv_format, device):
     return float(k_scale)
 
 
+def _check_optional_vector(arg, x, dtype, n, device):
+    """An optional 1-D tensor of ``n`` values of ``dtype`` on q's device (any stride)."""
+    if x is None:
+        return
+    if not isinstance(x, torch.Tensor) or x.dtype != dtype:
+        _fail(arg, f"a {str(dtype).replace('torch.', '')} tensor [{n}] or None", x)
+    if x.shape != (n,):
+        _fail(arg, f"shape [{n}]", x)
+    if x.device != device:
+        _fail(arg, f"device {device} (the device of q)", x)
+
+
 def check_attention_inputs(q, kv_cache, indices, softmax_scale, *, kv_format=None, k_scale=None, topk_length=None,
                            attn_sink=None, out=None) -> AttentionProblem:
     """Validate the arguments of ``sparse_mla_attention`` and return them normalised (no copies)."""
@@ -198,20 +210,8 @@ def check_attention_inputs(q, kv_cache, indices, softmax_scale, *, kv_format=Non
 
     k_scale = _check_k_scale(k_scale, kv_format, device)
 
-    if topk_length is not None:
-        if not isinstance(topk_length, torch.Tensor) or topk_length.dtype != torch.int32:
-            _fail("topk_length", f"an int32 tensor [{T}] or None", topk_length)
-        if topk_length.shape != (T,):
-            _fail("topk_length", f"shape [{T}]", topk_length)
-        if topk_length.device != device:
-            _fail("topk_length", f"device {device} (the device of q)", topk_length)
-    if attn_sink is not None:
-        if not isinstance(attn_sink, torch.Tensor) or attn_sink.dtype != torch.float32:
-            _fail("attn_sink", f"a float32 tensor [{H}] or None", attn_sink)
-        if attn_sink.shape != (H,):
-            _fail("attn_sink", f"shape [{H}]", attn_sink)
-        if attn_sink.device != device:
-            _fail("attn_sink", f"device {device} (the device of q)", attn_sink)
+    _check_optional_vector("topk_length", topk_length, torch.int32, T, device)
+    _check_optional_vector("attn_sink", attn_sink, torch.float32, H, device)
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.dtype != q_nope.dtype:
             _fail("out", f"a {q_nope.dtype} tensor [{T}, {H}, {D_V}] (q's dtype)", out)
