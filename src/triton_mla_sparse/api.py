@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ._checks import check_attention_inputs
@@ -59,17 +61,9 @@ def sparse_mla_attention_with_config(q, kv_cache, indices, softmax_scale, *, kv_
     if p.T > 0:
         from .kernels.attention import launch_sparse_mla
 
-        with torch.cuda.device(dev) if dev.type == "cuda" else _nullcontext():
+        with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
             launch_sparse_mla(p, cfg, result, lse)
     ret = (result, lse) if return_lse else result
     if return_config:
         return (*ret, cfg) if return_lse else (ret, cfg)
     return ret
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False

@@ -279,7 +279,7 @@ def launch_sparse_mla(p, cfg, out, lse):
 
     T, H = p.T, p.H
     kv = p.kv
-    if p.kv_format in ("fp8_e4m3",):
+    if p.kv_format == "fp8_e4m3":
         kv = kv.view(torch.uint8)
     fmt = _FMT_CODES[p.kv_format]
     q_nope = p.q_nope
