@@ -22,7 +22,7 @@ def topk_to_slots(positions, req_id_per_token, block_table, block_size, *, compa
 
     ``slot[t, j] = block_table[req, p // block_size] · block_size + p % block_size`` for ``p = positions[t, j]``;
     -1 where ``p < 0``, the block column ``p // block_size`` is past the table (``>= max_blocks``), the request id
-    is outside ``[0, R)``, or the table entry gives a negative slot.
+    is outside ``[0, R)``, or the table entry gives a slot outside ``[0, 2^31)`` (not an int32 slot id).
     Returns int32 ``[T, topk]``; with ``compact=True`` returns ``(slots, valid_counts)`` where each row's valid
     slots (>= 0) are moved to the front in their original order, the rest is -1, and ``valid_counts`` is int32
     ``[T]``. Pure tensor operations: no host synchronisation, usable under CUDA-graph capture.
@@ -48,7 +48,7 @@ def topk_to_slots(positions, req_id_per_token, block_table, block_size, *, compa
     req = torch.where(ok, req, torch.zeros_like(req))
     blocks = block_table.long()[req, col] if R and max_blocks else torch.zeros_like(p)
     slots = blocks * block_size + (p - col * block_size)
-    slots = torch.where(ok & (slots >= 0), slots, torch.full_like(p, -1))
+    slots = torch.where(ok & (slots >= 0) & (slots <= 2**31 - 1), slots, torch.full_like(p, -1))  # int32 result
     slots = slots.to(torch.int32)
     if not compact:
         return slots

@@ -240,7 +240,8 @@ def garbage_indices(T: int, topk: int, num_slots: int) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------ limits
 
-@pytest.mark.parametrize("kernel,heads,overrides", [("prefill", 16, {}), ("decode", 16, {"num_splits": 2, "block_n": 32}),
+@pytest.mark.parametrize("kernel,heads,overrides", [("prefill", 16, {}),
+                                                    ("decode", 16, {"num_splits": 2, "block_n": 32}),
                                                     ("auto", 128, {})])
 def test_70000_rows(kernel, heads, overrides):
     """More rows than a grid's y/z axes allow (65 535): rows (× splits) go on axis 0. Checked on a subset of rows
