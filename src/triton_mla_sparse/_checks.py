@@ -11,13 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
+from .capabilities import MAX_HEADS, MAX_TOPK  # the declared limits: one source
 from .formats import D_ROPE, D_V, FP8_DS_MLA_BYTES, KV_FORMAT_DTYPES, KV_FORMATS, infer_kv_format, kv_row_width
 
 Q_DTYPES = (torch.float16, torch.bfloat16)
 
 # Limits, checked up front (each with its reason in the error message).
-MAX_HEADS = 128  # the largest head count of the supported models (DeepSeek-V3.2 without tensor parallelism)
-MAX_TOPK = 16384  # the longest top-k list tested and supported (8 x DSA's index_topk of 2048)
 MAX_ROWS = 2**31 - 1  # query rows go on axis 0 of the launch grid (CUDA's limit: 2^31 - 1 programs)
 
 
@@ -225,3 +224,19 @@ def check_attention_inputs(q, kv_cache, indices, softmax_scale, *, kv_format=Non
                             softmax_scale=float(softmax_scale), k_scale=k_scale, topk_length=topk_length,
                             attn_sink=attn_sink, out=out, T=T, H=H, d_rope=d_rope, topk=indices.shape[1],
                             block_size=block_size, num_slots=num_slots)
+
+
+def check_kernel_device(dev: torch.device) -> None:
+    """The Triton kernels run on CUDA/ROCm devices, or on CPU tensors through Triton's interpreter (which needs
+    TRITON_INTERPRET=1 set before triton is imported, and numpy)."""
+    from .kernels.configs import interpreting
+
+    if dev.type != "cuda" and not (dev.type == "cpu" and interpreting()):
+        raise ValueError(f"q: expected CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 set before triton is "
+                         f"imported; triton_mla_sparse.reference runs anywhere), got a tensor on {dev}")
+    if dev.type == "cpu":
+        try:
+            import numpy  # noqa: F401  (Triton's interpreter imports it)
+        except ImportError:
+            raise ValueError("q: CPU tensors run through Triton's interpreter, which needs numpy "
+                             "(pip install numpy, or triton-mla-sparse[cpu])") from None

@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from ._checks import check_attention_inputs
+from ._checks import check_attention_inputs, check_kernel_device
 from .capabilities import arch_for_device, describe_device, unsupported_reasons
 from .formats import D_V
 from .kernels.configs import choose_config, interpreting
@@ -38,15 +38,7 @@ def sparse_mla_attention_with_config(q, kv_cache, indices, softmax_scale, *, kv_
     p = check_attention_inputs(q, kv_cache, indices, softmax_scale, kv_format=kv_format, k_scale=k_scale,
                                topk_length=topk_length, attn_sink=attn_sink, out=out)
     dev = p.device
-    if dev.type != "cuda" and not (dev.type == "cpu" and interpreting()):
-        raise ValueError(f"q: expected CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 set before triton is "
-                         f"imported; triton_mla_sparse.reference runs anywhere), got a tensor on {dev}")
-    if dev.type == "cpu":
-        try:
-            import numpy  # noqa: F401  (Triton's interpreter imports it)
-        except ImportError:
-            raise ValueError("q: CPU tensors run through Triton's interpreter, which needs numpy "
-                             "(pip install numpy, or triton-mla-sparse[cpu])") from None
+    check_kernel_device(dev)
     arch = None
     if dev.type == "cuda":
         arch = arch_for_device(dev)

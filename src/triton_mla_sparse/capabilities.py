@@ -43,8 +43,8 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
 )}
 
 Q_DTYPES = (torch.float16, torch.bfloat16)
-MAX_HEADS = 128
-MAX_TOPK = 16384
+MAX_HEADS = 128  # the largest head count of the supported models (DeepSeek-V3.2 without tensor parallelism)
+MAX_TOPK = 16384  # the longest top-k list tested and supported (8 x DSA's index_topk of 2048)
 D_ROPES = (0, D_ROPE)
 
 
