@@ -1,0 +1,198 @@
+"""Triton kernels for the DSA "lightning indexer": logits and a per-row top-k selection.
+
+* :func:`_indexer_logits_kernel`: one program per (query row, tile of ``BLOCK_K`` request-local positions). It
+  gathers the tile's K rows through the block table (fp8 indexer layout: per block ``block_size · 128`` e4m3 bytes,
+  then ``block_size`` float32 scales; or bf16/fp16 rows), computes ``s = q[t] · kᵀ`` for all index heads at once
+  ``[BLOCK_H, BLOCK_K]`` in float32 (fp8 × fp8 tensor-core dots where the GPU has them, otherwise both operands
+  decoded exactly into fp16/bf16), scales each column by its K scale, applies relu, reduces over heads with the
+  row's weights and stores the tile, -inf where a position is not a candidate. Tiles entirely past the row's
+  position (or of a row with an invalid request id) skip all loads and store -inf.
+* :func:`_topk_select_kernel`: one program per row. Logits map to sortable integer keys (float32 bits with the
+  sign handled); a bitwise binary search over 32 bits (32 counting passes over the row) finds the k-th largest key
+  τ among the finite candidates; a last pass writes every position with key > τ and, in position order, enough
+  positions with key == τ to reach k; the rest of the row is -1. No sorting, no host synchronisation, no
+  data-dependent allocation (CUDA-graph safe).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .attention import _e4m3_to_f32
+
+D_INDEX = 128  # index head dim
+
+
+@triton.jit
+def _to_dot(raw, IS_FP8: tl.constexpr, SW_FP8: tl.constexpr, DOT_BF16: tl.constexpr):
+    """Stored values -> the dot operand type (exact: every e4m3 value is representable in fp16 and bf16)."""
+    if IS_FP8:
+        x = _e4m3_to_f32(raw, SW_FP8)
+    else:
+        x = raw.to(tl.float32)
+    if DOT_BF16:
+        return x.to(tl.bfloat16)
+    else:
+        return x.to(tl.float16)
+
+
+@triton.jit(do_not_specialize=["T", "max_len", "num_blocks", "R", "max_blocks", "n_kb"])
+def _indexer_logits_kernel(
+    q_ptr, w_ptr, k_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr,
+    stride_q_t, stride_q_h, stride_w_t, stride_w_h,
+    stride_k_blk, stride_k_row,
+    stride_bt_r, stride_bt_c, stride_req, stride_pos, stride_o_t, stride_o_p,
+    T, Hi, max_len, block_size, num_blocks, R, max_blocks, n_kb,
+    Q_FP8: tl.constexpr, K_FP8: tl.constexpr, USE_FP8_DOT: tl.constexpr, DOT_BF16: tl.constexpr,
+    SW_FP8: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    i_t = (pid // n_kb).to(tl.int64)
+    i_kb = pid % n_kb
+    o_k = i_kb * BLOCK_K + tl.arange(0, BLOCK_K)  # request-local positions of this tile (max_len < 2^31)
+    m_out = o_k < max_len
+
+    pos = tl.load(pos_ptr + i_t * stride_pos)
+    req = tl.load(req_ptr + i_t * stride_req)
+    req_ok = (req >= 0) & (req < R)
+    req_safe = tl.where(req_ok, req, 0).to(tl.int64)
+
+    b_out = tl.full([BLOCK_K], float("-inf"), dtype=tl.float32)
+    if req_ok & (i_kb * BLOCK_K <= pos):
+        o_h = tl.arange(0, BLOCK_H)
+        m_h = o_h < Hi
+        o_d = tl.arange(0, 128)
+
+        # Gather the tile through the block table; a column past the table, a block id outside [0, num_blocks)
+        # or a position past the row's own is never dereferenced.
+        col = o_k // block_size
+        m_k = m_out & (o_k <= pos) & (col < max_blocks)
+        blk = tl.load(bt_ptr + req_safe * stride_bt_r + tl.where(m_k, col, 0).to(tl.int64) * stride_bt_c,
+                      mask=m_k, other=-1)
+        m_k = m_k & (blk >= 0) & (blk < num_blocks)
+        blk = tl.where(m_k, blk, 0).to(tl.int64)
+        off = tl.where(m_k, o_k - col * block_size, 0).to(tl.int64)
+        p_blk = k_ptr + blk * stride_k_blk
+        b_k = tl.load((p_blk + off * stride_k_row)[:, None] + o_d[None, :], mask=m_k[:, None], other=0)
+        if K_FP8:
+            p_sc = (p_blk + block_size * 128 + off * 4).to(tl.pointer_type(tl.float32))
+            b_ks = tl.load(p_sc, mask=m_k, other=0.0)
+        else:
+            b_ks = tl.full([BLOCK_K], 1.0, dtype=tl.float32)
+
+        p_q = q_ptr + i_t * stride_q_t + o_h[:, None].to(tl.int64) * stride_q_h + o_d[None, :]
+        b_q = tl.load(p_q, mask=m_h[:, None], other=0)
+        if USE_FP8_DOT:
+            b_s = tl.dot(b_q.to(tl.float8e4nv, bitcast=True), tl.trans(b_k.to(tl.float8e4nv, bitcast=True)))
+        else:
+            b_s = tl.dot(_to_dot(b_q, Q_FP8, SW_FP8, DOT_BF16), tl.trans(_to_dot(b_k, K_FP8, SW_FP8, DOT_BF16)))
+        b_w = tl.load(w_ptr + i_t * stride_w_t + o_h * stride_w_h, mask=m_h, other=0.0)
+        b_s = tl.maximum(b_s * b_ks[None, :], 0.0)
+        b_val = tl.sum(b_s * b_w[:, None], 0)
+        b_out = tl.where(m_k, b_val, float("-inf"))
+    tl.store(out_ptr + i_t * stride_o_t + o_k.to(tl.int64) * stride_o_p, b_out, mask=m_out)
+
+
+@triton.jit
+def _sortable_key(x):
+    """float32 -> int64 in [0, 2^32) with the order of the floats (-inf lowest among non-NaN values)."""
+    bits = x.to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return key.to(tl.int64) + 2147483648
+
+
+@triton.jit(do_not_specialize=["T", "L", "topk"])
+def _topk_select_kernel(
+    x_ptr, out_ptr, stride_x_t, stride_x_p, stride_o_t, stride_o_k,
+    T, L, topk,
+    BLOCK: tl.constexpr,
+):
+    i_t = tl.program_id(0).to(tl.int64)
+    o_b = tl.arange(0, BLOCK)
+    p_x = x_ptr + i_t * stride_x_t
+    key_ninf = _sortable_key(tl.full([BLOCK], float("-inf"), dtype=tl.float32))
+
+    # Candidates: finite-or-+inf logits (-inf = not a candidate). k_eff = min(topk, candidates).
+    n_cand = tl.zeros([], dtype=tl.int32)
+    for c0 in range(0, L, BLOCK):
+        o_p = c0 + o_b
+        x = tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
+        n_cand += tl.sum((_sortable_key(x) > key_ninf).to(tl.int32), 0)
+    need = tl.minimum(n_cand, topk)
+
+    # Bitwise binary search for tau = the need-th largest key: the largest value v with count(key >= v) >= need.
+    prefix = tl.zeros([], dtype=tl.int64)
+    for i in range(32):
+        cand = prefix | (tl.full([], 1, dtype=tl.int64) << (31 - i))
+        cnt = tl.zeros([], dtype=tl.int32)
+        for c0 in range(0, L, BLOCK):
+            o_p = c0 + o_b
+            x = tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
+            key = _sortable_key(x)
+            cnt += tl.sum(((key >= cand) & (key > key_ninf)).to(tl.int32), 0)
+        prefix = tl.where(cnt >= need, cand, prefix)
+    tau = prefix
+
+    # Count the keys above tau; the remaining slots go to keys equal to tau, in position order.
+    n_gt = tl.zeros([], dtype=tl.int32)
+    for c0 in range(0, L, BLOCK):
+        o_p = c0 + o_b
+        x = tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
+        key = _sortable_key(x)
+        n_gt += tl.sum(((key > tau) & (key > key_ninf)).to(tl.int32), 0)
+    n_eq_take = need - n_gt
+
+    p_o = out_ptr + i_t * stride_o_t
+    base = tl.zeros([], dtype=tl.int32)
+    eq_seen = tl.zeros([], dtype=tl.int32)
+    for c0 in range(0, L, BLOCK):
+        o_p = c0 + o_b
+        x = tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
+        key = _sortable_key(x)
+        cand_ok = key > key_ninf
+        is_eq = (key == tau) & cand_ok
+        eq_rank = eq_seen + tl.cumsum(is_eq.to(tl.int32), 0) - 1
+        sel = cand_ok & ((key > tau) | (is_eq & (eq_rank < n_eq_take)))
+        sel_i = sel.to(tl.int32)
+        dst = base + tl.cumsum(sel_i, 0) - 1
+        tl.store(p_o + dst.to(tl.int64) * stride_o_k, o_p, mask=sel & (dst < topk))
+        base += tl.sum(sel_i, 0)
+        eq_seen += tl.sum(is_eq.to(tl.int32), 0)
+    for j0 in range(0, topk, BLOCK):
+        o_j = j0 + o_b
+        tl.store(p_o + o_j.to(tl.int64) * stride_o_k, tl.full([BLOCK], -1, dtype=tl.int32),
+                 mask=(o_j >= need) & (o_j < topk))
+
+
+def launch_indexer_logits(p, out, cfg):
+    """Logits of the validated problem ``p`` (an ``IndexerProblem``) into ``out`` float32 [T, max_len]."""
+    import torch
+
+    T, max_len = p.T, out.shape[1]
+    n_kb = triton.cdiv(max_len, cfg.block_k)
+    if T == 0 or n_kb == 0:
+        return
+    q = p.q.view(torch.uint8) if p.q_fp8 else p.q
+    k = p.k
+    _indexer_logits_kernel[(T * n_kb,)](
+        q, p.weights, k, p.block_table, p.req_id_per_token, p.positions, out,
+        q.stride(0), q.stride(1), p.weights.stride(0), p.weights.stride(1),
+        p.k_block_stride, p.k_row_stride,
+        p.block_table.stride(0), p.block_table.stride(1), p.req_id_per_token.stride(0), p.positions.stride(0),
+        out.stride(0), out.stride(1),
+        T, p.Hi, max_len, p.block_size, p.num_blocks, p.block_table.shape[0], p.block_table.shape[1], n_kb,
+        Q_FP8=p.q_fp8, K_FP8=p.k_fp8, USE_FP8_DOT=cfg.use_fp8_dot, DOT_BF16=cfg.dot_bf16, SW_FP8=cfg.sw_fp8,
+        BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def launch_topk_select(logits, out, topk, cfg):
+    """Per-row top-k positions of ``logits`` float32 [T, L] into ``out`` int32 [T, topk] (-1 padded)."""
+    T, L = logits.shape
+    if T == 0:
+        return
+    _topk_select_kernel[(T,)](
+        logits, out, logits.stride(0), logits.stride(1), out.stride(0), out.stride(1),
+        T, L, topk, BLOCK=cfg.select_block, num_warps=cfg.select_warps,
+    )

@@ -1,0 +1,123 @@
+"""GPU tier of the DSA indexer: production sizes (decode: 64 requests of 32K tokens, one row each; prefill: 1024
+causal rows over an 8K request), index heads 64 (DeepSeek-V3.2) and 32 (GLM-5), fp8 (vLLM's indexer cache layout,
+e4m3 q with its scale folded into the weights) and bf16; logits against the float32 reference on a subset of rows,
+top-k compared as sets of selected logit values, CUDA-graph capture and replay. Skipped without a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import triton_mla_sparse as tms
+from triton_mla_sparse import reference
+
+HAVE_CUDA = torch.cuda.is_available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")]
+
+D, BS, TOPK = 128, 64, 2048
+CHECK_ROWS = 12
+
+
+def fp8_indexer_cache(values: torch.Tensor) -> torch.Tensor:
+    """float32 [nb, bs, 128] -> uint8 [nb, bs·132]: bs·128 e4m3 values then bs float32 scales (amax/448)."""
+    nb, bs, _ = values.shape
+    scale = (values.abs().amax(-1) / 448.0).clamp_min(1e-8).float()
+    q8 = (values / scale[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    buf = torch.empty(nb, bs * (D + 4), dtype=torch.uint8, device=values.device)
+    buf[:, :bs * D] = q8.view(torch.uint8).reshape(nb, bs * D)
+    buf[:, bs * D:] = scale.contiguous().view(torch.uint8).reshape(nb, bs * 4)
+    return buf
+
+
+def make(kind: str, Hi: int, fmt: str, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    if kind == "decode":
+        R, ctx = 64, 32768
+        lengths = torch.randint(ctx // 2, ctx + 1, (R,), generator=g, device="cuda")
+        req = torch.arange(R, dtype=torch.int32, device="cuda")
+        pos = (lengths - 1).to(torch.int32)
+    else:
+        R, ctx = 1, 8192
+        req = torch.zeros(1024, dtype=torch.int32, device="cuda")
+        pos = torch.arange(ctx - 1024, ctx, dtype=torch.int32, device="cuda")
+    T = req.shape[0]
+    max_blocks = ctx // BS
+    nb = R * max_blocks + 5
+    bt = torch.randperm(nb, generator=g, device="cuda")[:R * max_blocks].reshape(R, max_blocks).to(torch.int32)
+    values = torch.randn(nb, BS, D, generator=g, device="cuda")
+    q = torch.randn(T, Hi, D, generator=g, device="cuda")
+    w = torch.randn(T, Hi, generator=g, device="cuda") * Hi ** -0.5
+    if fmt == "fp8":
+        k_cache = fp8_indexer_cache(values)
+        qs = q.abs().amax(-1, keepdim=True) / 448.0
+        q = (q / qs).to(torch.float8_e4m3fn)
+        w = w * qs[..., 0]  # q's scale folded into the weights
+    else:
+        k_cache = values.to(torch.bfloat16)
+        q = q.to(torch.bfloat16)
+    return dict(q=q, weights=w.float().contiguous(), k_cache=k_cache, block_table=bt, req_id_per_token=req,
+                positions=pos), ctx
+
+
+def args(c, rows=None):
+    keys = ("q", "weights", "k_cache", "block_table", "req_id_per_token", "positions")
+    return tuple(c[k][rows] if (rows is not None and k in ("q", "weights", "req_id_per_token", "positions"))
+                 else c[k] for k in keys)
+
+
+def check_topk(sel, ref_logits, topk, atol):
+    sel, ref_logits = sel.cpu().long(), ref_logits.cpu().double()
+    for t in range(sel.shape[0]):
+        row = ref_logits[t]
+        n = int((~torch.isneginf(row)).sum())
+        k = min(topk, n)
+        s = sel[t]
+        assert int((s >= 0).sum()) == k and bool((s[s < 0] == -1).all())
+        pos = s[s >= 0]
+        assert len(set(pos.tolist())) == k
+        got = torch.sort(row[pos]).values
+        want = torch.sort(torch.topk(row, k).values).values
+        assert not torch.isneginf(got).any()
+        assert (got - want).abs().max() <= atol * row[~torch.isneginf(row)].abs().max(), t
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+@pytest.mark.parametrize("Hi", [64, 32])
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_indexer_real_sizes(kind, Hi, fmt):
+    c, ctx = make(kind, Hi, fmt)
+    T = c["positions"].shape[0]
+    logits = tms.indexer_logits(*args(c), ctx)
+    sel = tms.indexer_topk(*args(c), TOPK)
+    torch.cuda.synchronize()
+    rows = torch.linspace(0, T - 1, CHECK_ROWS, device="cuda").long()
+    ref = reference.indexer_logits(*args(c, rows), ctx)
+    ours = logits[rows]
+    ninf = torch.isneginf(ref)
+    assert torch.equal(torch.isneginf(ours), ninf)
+    err = ((ours - ref)[~ninf].norm() / ref[~ninf].norm()).item()
+    tol = 2e-3 if fmt == "fp8" else 1e-4
+    assert err < tol, err
+    check_topk(sel[rows], ref, TOPK, atol=4 * tol)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
+def test_indexer_cuda_graph(fmt):
+    c, _ = make("decode", 64, fmt, seed=1)
+    c2, _ = make("decode", 64, fmt, seed=2)
+    static = {k: v.clone() for k, v in c.items()}
+    tms.indexer_topk(*args(static), TOPK)  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = tms.indexer_topk(*args(static), TOPK)
+    for src in (c, c2):
+        for k in ("q", "weights", "positions"):
+            static[k].copy_(src[k])
+        static["k_cache"].copy_(src["k_cache"])
+        static["block_table"].copy_(src["block_table"])
+        g.replay()
+        torch.cuda.synchronize()
+        eager = tms.indexer_topk(*args(static), TOPK)
+        assert torch.equal(torch.sort(out, 1).values, torch.sort(eager, 1).values)
