@@ -123,19 +123,26 @@ def _check_kv(kv_cache, kv_format, d_rope, device):
         _fail("kv_cache", f"shape [num_blocks, block_size, {row}] or [num_slots, {row}] ({row} {unit} per row for "
               f"kv_format {kv_format!r} and D_qk {D_V + d_rope})", kv_cache)
     nb, bs, _ = kv.shape
-    if kv.stride(2) != 1:
-        _fail("kv_cache", "a unit stride in the last dimension", f"strides {tuple(kv_cache.stride())}")
-    if bs > 1 and kv.stride(1) < row:
-        _fail("kv_cache", f"a row stride of at least {row}", f"strides {tuple(kv_cache.stride())}")
-    if nb > 1 and kv.stride(0) < bs * kv.stride(1):
-        _fail("kv_cache", f"a block stride of at least block_size · row stride = {bs * kv.stride(1)}",
-              f"strides {tuple(kv_cache.stride())}")
+    check_paged_strides("kv_cache", kv, kv_cache, row)
     if kv_format == "fp8_ds_mla":
         misaligned = (nb > 1 and kv.stride(0) % 4) or (bs > 1 and kv.stride(1) % 4) or kv.data_ptr() % 4
         if misaligned:
             _fail("kv_cache", "fp8_ds_mla rows aligned to 4 bytes (strides and start divisible by 4)",
                   f"strides {tuple(kv_cache.stride())}, start offset {kv.data_ptr() % 16} mod 16")
     return kv, kv_format, nb * bs, bs
+
+
+def check_paged_strides(arg: str, view: torch.Tensor, given: torch.Tensor, row: int) -> None:
+    """A paged cache ``view`` [num_blocks, block_size, row] (of the tensor ``given``) must have contiguous rows that
+    do not overlap: unit last stride, row stride >= row, block stride >= block_size · row stride."""
+    nb, bs, _ = view.shape
+    if view.stride(2) != 1:
+        _fail(arg, "a unit stride in the last dimension", f"strides {tuple(given.stride())}")
+    if bs > 1 and view.stride(1) < row:
+        _fail(arg, f"a row stride of at least {row}", f"strides {tuple(given.stride())}")
+    if nb > 1 and view.stride(0) < bs * view.stride(1):
+        _fail(arg, f"a block stride of at least block_size · row stride = {bs * view.stride(1)}",
+              f"strides {tuple(given.stride())}")
 
 
 def _check_k_scale(k_scale, kv_format, device):

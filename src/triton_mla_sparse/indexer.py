@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import _desc, _fail, check_kernel_device
+from ._checks import _desc, _fail, check_kernel_device, check_paged_strides
 
 __all__ = ["IndexerProblem", "check_indexer_inputs", "indexer_logits", "indexer_topk"]
 
@@ -94,13 +94,7 @@ def _check_k_cache(k_cache, q_dtype, device):
             _fail("k_cache", f"shape [num_blocks, block_size, {D_INDEX}] (or [num_blocks, block_size, 1, {D_INDEX}])",
                   k_cache)
         nb, bs = k.shape[:2]
-        if k.stride(2) != 1:
-            _fail("k_cache", "a unit stride in the last dimension", f"strides {tuple(k_cache.stride())}")
-        if bs > 1 and k.stride(1) < D_INDEX:
-            _fail("k_cache", f"a row stride of at least {D_INDEX}", f"strides {tuple(k_cache.stride())}")
-        if nb > 1 and k.stride(0) < bs * k.stride(1):
-            _fail("k_cache", f"a block stride of at least block_size · row stride = {bs * k.stride(1)}",
-                  f"strides {tuple(k_cache.stride())}")
+        check_paged_strides("k_cache", k, k_cache, D_INDEX)
         return k, False, k.stride(0), k.stride(1), nb, bs
     _fail("k_cache", "dtype uint8 (vLLM's fp8 indexer layout), float16 or bfloat16", k_cache)
 
@@ -233,6 +227,17 @@ def indexer_logits(q, weights, k_cache, block_table, req_id_per_token, positions
     return result
 
 
+def check_indexer_topk_inputs(q, weights, k_cache, block_table, req_id_per_token, positions, topk, max_len, out):
+    """Validate the arguments of ``indexer_topk`` (shared with the reference); returns (problem, max_len)."""
+    p = check_indexer_inputs(q, weights, k_cache, block_table, req_id_per_token, positions)
+    _check_int("topk", topk, 1)
+    if max_len is None:
+        max_len = p.capacity
+    _check_int("max_len", max_len, 0)
+    _check_out(out, torch.int32, (p.T, topk), p.device)
+    return p, max_len
+
+
 def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, topk, *, max_len=None, out=None):
     """Request-local positions int32 ``[T, topk]`` of each row's ``topk`` largest indexer logits (any order; -1
     padded when the row has fewer than ``topk`` candidates), with the Triton kernels.
@@ -243,12 +248,8 @@ def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, 
     sorting. Shapes alone decide every allocation: no host synchronisation, CUDA-graph capturable. The result plugs
     into :func:`triton_mla_sparse.topk_to_slots`.
     """
-    p = check_indexer_inputs(q, weights, k_cache, block_table, req_id_per_token, positions)
-    _check_int("topk", topk, 1)
-    if max_len is None:
-        max_len = p.capacity
-    _check_int("max_len", max_len, 0)
-    _check_out(out, torch.int32, (p.T, topk), p.device)
+    p, max_len = check_indexer_topk_inputs(q, weights, k_cache, block_table, req_id_per_token, positions, topk,
+                                           max_len, out)
     check_kernel_device(p.device)
     result = out if out is not None else torch.empty(p.T, topk, dtype=torch.int32, device=p.device)
     if p.T:

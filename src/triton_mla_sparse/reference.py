@@ -205,14 +205,10 @@ def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, 
     remaining ``topk - n_t`` entries (wherever -1 appears it means "no token"). Ties at the threshold: any choice.
     The positions plug into :func:`triton_mla_sparse.topk_to_slots`.
     """
-    from .indexer import _check_int, _check_out, check_indexer_inputs
+    from .indexer import check_indexer_topk_inputs
 
-    p = check_indexer_inputs(q, weights, k_cache, block_table, req_id_per_token, positions)
-    _check_int("topk", topk, 1)
-    if max_len is None:
-        max_len = p.capacity
-    _check_int("max_len", max_len, 0)
-    _check_out(out, torch.int32, (p.T, topk), p.device)
+    p, max_len = check_indexer_topk_inputs(q, weights, k_cache, block_table, req_id_per_token, positions, topk,
+                                           max_len, out)
     logits = indexer_logits(q, weights, k_cache, block_table, req_id_per_token, positions, max_len,
                             compute_dtype=compute_dtype)
     res = torch.full((p.T, topk), -1, dtype=torch.int64, device=p.device)
