@@ -88,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)  # tiny cases, any device
 
     c = sub.add_parser("check", help="self-test: every format and both kernels against the reference on this GPU",
-                       description="Runs every supported kv format (bf16, fp16, fp8_e4m3, fp8_ds_mla with pow2 and fp32 "
-                                   "scales) through both kernels at a few sizes against the float32 reference and "
+                       description="Runs every supported kv format (bf16, fp16, fp8_e4m3, fp8_ds_mla with pow2 and "
+                                   "fp32 scales) through both kernels at a few sizes against the float32 reference and "
                                    "prints a pass/fail table with errors and the chosen configs. Exits 1 on any "
                                    "failure. Without a GPU it runs reduced sizes through the Triton interpreter.")
     c.add_argument("--seed", type=int, default=0)
