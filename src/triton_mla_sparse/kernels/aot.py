@@ -122,14 +122,13 @@ def matrix_entries(arch_name: str):
 
 
 def table_config(arch, hc: int, cc: str, kernel: str) -> AttentionConfig:
-    """The config the launch table gives ``arch`` for a head class and cache class (split sizes are irrelevant
-    to compilation)."""
-    from .configs import TABLE, use_sw_fp8
+    """The config ``choose_config`` picks on ``arch`` for a head class and cache class (``hc`` heads; split sizes
+    are irrelevant to compilation)."""
+    import torch
 
-    launch = TABLE[arch.name][(hc, cc)]
-    return AttentionConfig(kernel=kernel, block_h=launch.block_h, block_n=launch.block_n, num_splits=2,
-                           split_len=1024, num_warps=launch.num_warps, num_stages=launch.num_stages,
-                           sw_fp8=use_sw_fp8(arch, MATRIX_FORMATS[cc][0]), programs_per_sm=launch.programs_per_sm)
+    from .configs import choose_config
+
+    return choose_config(1, hc, 2048, torch.device("cpu"), kernel, kv_format=MATRIX_FORMATS[cc][0], arch=arch)
 
 
 def compile_matrix(arch_name: str) -> list[dict]:
