@@ -8,8 +8,9 @@
 # bench reports each peer as loaded or not available. The copy on the GPU machine has no .git: TMS_COMMIT (passed
 # through to the bench) names the commit benchmarked. --quick runs the benchmark's quick subset; any further options
 # go to the bench (e.g. --filter 'decode h16'). SKIP_TESTS=1 skips the tests. Every step runs even when an earlier
-# one fails; the exit status is non-zero when any step failed. Budget: tests <= 240 s, bench <= 270 s (each under
-# `timeout`; the bench starts no case after BENCH_BUDGET=250 s and rewrites its JSON after every case).
+# one fails; the exit status is non-zero when any step failed. Budget: tests <= 240 s, bench <= BENCH_TIMEOUT=270 s
+# (each under `timeout`; the bench starts no case after BENCH_BUDGET=250 s and rewrites its JSON after every case).
+# Indexer cases (DeepGEMM peer): also carry .peers-deepgemm (get-peers.sh --deepgemm); its first use JIT-compiles.
 set -u
 set -o pipefail
 
@@ -67,12 +68,15 @@ echo "commit: ${TMS_COMMIT:-unknown (TMS_COMMIT not set)}"
 if [ -n "${TMS_PEERS_DIR:-}" ]; then echo "peers folder: \$TMS_PEERS_DIR=$TMS_PEERS_DIR"
 elif [ -d .peers ]; then echo "peers folder: ./.peers ($(ls .peers | tr '\n' ' '))"
 else echo "peers folder: none (carry .peers or set TMS_PEERS_DIR; an installed vLLM is tried next)"; fi
+if [ -n "${TMS_DEEPGEMM_DIR:-}" ]; then echo "DeepGEMM folder: \$TMS_DEEPGEMM_DIR=$TMS_DEEPGEMM_DIR"
+elif [ -d .peers-deepgemm ]; then echo "DeepGEMM folder: ./.peers-deepgemm"
+else echo "DeepGEMM folder: none (indexer cases: carry .peers-deepgemm from get-peers.sh --deepgemm)"; fi
 "$PY" -c "import matplotlib" 2>/dev/null || echo "note: matplotlib missing here; redraw the PNG with: triton-mla-sparse bench --plot <json>"
 # shellcheck disable=SC2086
-timeout 270 "$PY" -m triton_mla_sparse.cli bench $QUICK --out-dir "$OUT" --budget "${BENCH_BUDGET:-250}" "$@" 2>&1 \
-    | tee "$OUT/bench.txt"
+timeout "${BENCH_TIMEOUT:-270}" "$PY" -m triton_mla_sparse.cli bench $QUICK --out-dir "$OUT" \
+    --budget "${BENCH_BUDGET:-250}" "$@" 2>&1 | tee "$OUT/bench.txt"
 rc=$?
-[ $rc -eq 124 ] && echo "bench stopped at the 270 s limit" | tee -a "$OUT/bench.txt"
+[ $rc -eq 124 ] && echo "bench stopped at the ${BENCH_TIMEOUT:-270} s limit" | tee -a "$OUT/bench.txt"
 [ $rc -ne 0 ] && failed+=("bench (rc $rc)")
 json=$(ls -t "$OUT"/*-20[0-9][0-9]-[0-9][0-9]-[0-9][0-9].json 2>/dev/null | head -n1)
 if [ -n "$json" ]; then

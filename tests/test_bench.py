@@ -5,6 +5,8 @@ interpreter, with fake peer modules standing in for FlashMLA and vLLM's Triton k
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 import types
 
@@ -62,11 +64,17 @@ def test_method_applies():
         "ours", "torch", "page1_triton", "flashmla_bf16"]
     assert [m for m in bench.METHOD_KEYS if bench.method_applies(m, dec_fp8)] == ["ours", "torch", "flashmla_fp8"]
     assert [m for m in bench.METHOD_KEYS if bench.method_applies(m, pre_fp8)] == ["ours", "torch", "flashmla_fp8"]
+    for phase in ("decode", "prefill"):
+        idx = bench.indexer_case(32, phase)
+        assert [m for m in bench.INDEXER_METHOD_KEYS if bench.method_applies(m, idx)] == list(
+            bench.INDEXER_METHOD_KEYS)
+        assert not any(bench.method_applies(m, idx) for m in ("page1_triton", "flashmla_bf16", "flashmla_fp8"))
 
 
 def test_case_list_covers_the_issue():
-    names = [c.name for c in bench.bench_cases()]
-    assert len(names) == 22
+    attn = bench.bench_cases(kinds="attention")
+    names = [c.name for c in attn]
+    assert len(names) == 22 and all(bench.case_group(c) == "attention" for c in attn)
     for h in (8, 16, 32, 64, 128):
         for f in ("bf16", "fp8_ds_mla"):
             assert f"decode h{h} B=64 ctx8K {f}" in names
@@ -75,6 +83,19 @@ def test_case_list_covers_the_issue():
         assert f"prefill h{h} T=4096 ctx32K bf16" in names
     assert all(c.topk == 2048 and c.block_size == 64 for c in bench.bench_cases())
     assert 0 < len(bench.bench_cases(quick=True)) < 10
+    # The indexer cases of issue #6: decode B=64, block 64, Hi 64 and 32, 32K and 128K; prefill 4096 rows over 32K.
+    idx = bench.bench_cases(kinds=["indexer"])
+    assert [c.name for c in idx] == [
+        "indexer decode h64 B=64 ctx32K", "indexer decode h64 B=64 ctx128K", "indexer decode h32 B=64 ctx32K",
+        "indexer decode h32 B=64 ctx128K", "indexer prefill h64 T=4096 ctx32K", "indexer prefill h32 T=4096 ctx32K"]
+    assert all(c.kind == "indexer" and c.topk == 2048 and c.block_size == 64 and c.kv_format == "fp8_indexer"
+               for c in idx)
+    assert [c.name for c in bench.bench_cases()] == names + [c.name for c in idx]  # the default runs both
+    assert any(c.kind == "indexer" for c in bench.bench_cases(quick=True))
+    pre = idx[4]  # rows at positions 28672 .. 32767: 4096 · 28672 + 4096 · 4097 / 2 scored pairs (the anchors' FLOPs)
+    assert pre.pairs == 4096 * 28672 + 4096 * 4097 // 2 and pre.flops == 2 * 64 * 128 * pre.pairs
+    with pytest.raises(ValueError, match="kinds"):
+        bench.bench_cases(kinds="attention,nope")
 
 
 # ----------------------------------------------------------------------------------------------------- peers
@@ -101,6 +122,74 @@ def test_missing_peers_folder_is_reported(monkeypatch):
     facs = bench.method_factories(peers)
     with pytest.raises(bench.PeerUnavailable, match="not available"):
         facs["flashmla_fp8"](None)
+
+
+def test_deepgemm_folder_choice(tmp_path):
+    (tmp_path / ".peers-deepgemm").mkdir()
+    env = {"TMS_DEEPGEMM_DIR": "/y"}
+    assert bench.resolve_deepgemm_dir("/x", env=env, cwd=str(tmp_path)) == ("/x", "--deepgemm-dir")
+    assert bench.resolve_deepgemm_dir(None, env=env, cwd=str(tmp_path)) == ("/y", "TMS_DEEPGEMM_DIR")
+    assert bench.resolve_deepgemm_dir(None, env={}, cwd=str(tmp_path), peers_dir="/p/peers/") == (
+        "/p/peers-deepgemm", "beside the peers folder")
+    assert bench.resolve_deepgemm_dir(None, env={}, cwd=str(tmp_path)) == (
+        str(tmp_path / ".peers-deepgemm"), "./.peers-deepgemm")
+    assert bench.resolve_deepgemm_dir(None, env={}, cwd=str(tmp_path / ".peers-deepgemm")) == (None, "none")
+
+
+def test_missing_deepgemm_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "_vllm_installed", lambda: False)
+    peers = bench.load_peers(None, env={}, cwd=str(tmp_path), wanted=bench.DEEPGEMM_KEYS,
+                             deepgemm_dir=str(tmp_path / "no-such-dir"))
+    assert set(peers.status) == set(bench.DEEPGEMM_KEYS) and "deepgemm" not in peers.modules
+    for m in bench.DEEPGEMM_KEYS:
+        s = peers.status[m]
+        assert s.startswith("not available: ") and "no-such-dir" in s and "does not exist" in s
+        assert "vLLM: not installed" in s and not peers.available(m)
+    none = bench.load_peers(None, env={}, cwd=str(tmp_path), wanted=("deepgemm",))
+    assert none.status["deepgemm"].startswith("not available: no DeepGEMM folder")
+
+
+def _write_fake_deep_gemm(root, body):
+    pkg = root / "deep_gemm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(body)
+    return root
+
+
+@pytest.fixture
+def no_deep_gemm():
+    """Takes every ``deep_gemm`` module out of sys.modules for the test and puts the earlier state back after it."""
+    def drop():
+        return {k: sys.modules.pop(k) for k in list(sys.modules) if k == "deep_gemm" or k.startswith("deep_gemm.")}
+
+    saved = drop()
+    yield drop
+    drop()
+    sys.modules.update(saved)
+
+
+def test_deepgemm_package_is_loaded_from_its_folder(tmp_path, monkeypatch, no_deep_gemm):
+    monkeypatch.setattr(bench, "_vllm_installed", lambda: False)
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", "")  # unset for DeepGEMM; restored after the test
+    good = _write_fake_deep_gemm(tmp_path / "good", "from .sub import get_num_sms\n__version__ = '9.9'\n"
+                                 "def get_paged_mqa_logits_metadata(*a): pass\n"
+                                 "def fp8_fp4_paged_mqa_logits(*a): pass\n"
+                                 "def fp8_fp4_mqa_logits(*a): pass\n")
+    (good / "deep_gemm" / "sub.py").write_text("def get_num_sms():\n    return 132\n")
+    peers = bench.load_peers(None, env={}, cwd=str(tmp_path), deepgemm_dir=str(good), wanted=bench.DEEPGEMM_KEYS)
+    assert peers.modules["deepgemm"].get_num_sms() == 132  # the package's relative imports work
+    jit = bench.deepgemm_jit_cache_dir()
+    assert peers.status["deepgemm"] == f"loaded from {good} (--deepgemm-dir), DeepGEMM 9.9; JIT cache {jit}"
+    assert peers.available("deepgemm_topk") and os.environ["DG_JIT_CACHE_DIR"] == jit  # set before the import
+    assert set(no_deep_gemm()) == {"deep_gemm", "deep_gemm.sub"}
+    old = _write_fake_deep_gemm(tmp_path / "old", "def fp8_mqa_logits(*a): pass\n")
+    peers = bench.load_peers(None, env={}, deepgemm_dir=str(old), wanted=("deepgemm",))
+    assert "another DeepGEMM API" in peers.status["deepgemm"] and "fp8_fp4_mqa_logits" in peers.status["deepgemm"]
+    no_deep_gemm()
+    bad = _write_fake_deep_gemm(tmp_path / "bad", "raise OSError('Could not load this library: _C_extension.so')\n")
+    peers = bench.load_peers(None, env={}, deepgemm_dir=str(bad), wanted=("deepgemm",))
+    assert "OSError: Could not load this library" in peers.status["deepgemm"]
+    assert "deep_gemm" not in sys.modules  # a failed import leaves nothing behind
 
 
 def test_peer_that_fails_to_import_is_reported(tmp_path, monkeypatch):
@@ -204,6 +293,135 @@ def test_run_writes_the_results_schema(tmp_path, monkeypatch):
     assert any("ours / peer" in s for s in lines)
 
 
+def _fake_deepgemm(calls):
+    """Stands in for DeepGEMM (vLLM 0.33's copy): checks the arguments the harness passes as its kernels require
+    them, answers with the right logits at the candidate positions and garbage (1e30, which an unmasked top-k would
+    pick) past each row's length and in the padding columns, as the real kernels leave them uncleaned."""
+    fp8 = torch.float8_e4m3fn
+
+    def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms):
+        assert context_lens.dtype == torch.int32 and context_lens.dim() == 2 and context_lens.shape[1] == 1
+        assert context_lens.is_contiguous() and num_sms == 7
+        calls.append(("meta", block_kv))
+        return torch.zeros(num_sms + 1, 2, dtype=torch.int32)
+
+    def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len):
+        q8, q_sf = q
+        B, next_n, H, D = q8.shape
+        assert q_sf is None and q8.dtype == fp8 and next_n == 1 and D == 128
+        nb, bs = kv_cache.shape[:2]
+        assert kv_cache.dtype == torch.uint8 and kv_cache.shape[2:] == (1, 132) and kv_cache.stride(1) == 132
+        assert weights.dtype == torch.float32 and weights.shape == (B, H) and context_lens.shape == (B, 1)
+        assert block_table.dtype == torch.int32 and block_table.shape[0] == B and schedule_meta.shape == (8, 2)
+        calls.append(("paged", B, H, max_context_len))
+        ref = reference.indexer_logits(q8[:, 0], weights, kv_cache.view(nb, bs * 132), block_table,
+                                       torch.arange(B, dtype=torch.int32), context_lens[:, 0] - 1, max_context_len)
+        out = torch.full((B, max_context_len + 16), 1e30)  # a padded logits stride
+        out[:, :max_context_len] = ref.masked_fill(torch.isneginf(ref), 1e30)
+        return out
+
+    def fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max_seqlen_k):
+        (q8, q_sf), (k8, k_sf) = q, kv
+        M, H, D = q8.shape
+        assert q_sf is None and q8.dtype == fp8 and k8.dtype == fp8 and k8.is_contiguous() and k8.shape[1] == D
+        assert k_sf.dtype == torch.float32 and k_sf.shape == (k8.shape[0],) and weights.shape == (M, H)
+        ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
+        assert ks.dtype == ke.dtype == torch.int32 and ks.shape == ke.shape == (M,) and bool((ks == 0).all())
+        calls.append(("prefill", M, H, max_seqlen_k))
+        s = torch.einsum("mhd,nd->mhn", q8.float(), k8.float() * k_sf[:, None]).relu()
+        out = (s * weights[:, :, None]).sum(1)[:, :max_seqlen_k]  # every key scored: future ones are garbage here
+        return out.masked_fill(torch.arange(max_seqlen_k)[None, :] >= ke[:, None] + 3, 1e30)
+
+    return types.SimpleNamespace(get_num_sms=lambda: 7, get_paged_mqa_logits_metadata=get_paged_mqa_logits_metadata,
+                                 fp8_fp4_paged_mqa_logits=fp8_fp4_paged_mqa_logits,
+                                 fp8_fp4_mqa_logits=fp8_fp4_mqa_logits)
+
+
+def test_indexer_run_writes_the_results_schema(tmp_path, monkeypatch):
+    """Tiny indexer cases end to end through the interpreter: every method key, checked then timed, in the JSON."""
+    monkeypatch.setenv("TMS_COMMIT", "0123abc")
+    calls = []
+    peers = bench.Peers(modules={"deepgemm": _fake_deepgemm(calls)},
+                        status={"deepgemm": "loaded from fake", "deepgemm_topk": "loaded from fake"})
+    out = tmp_path / "cpu-indexer.json"
+    lines = []
+    rc = bench.run_bench(cpu_smoke=True, kinds="indexer", out=str(out), peers=peers, plot=False, log=lines.append)
+    assert rc == 0, "\n".join(lines)
+    doc = json.loads(out.read_text())
+    for k in REQUIRED_TOP:
+        assert k in doc
+    assert doc["kinds"] == ["indexer"] and doc["complete"] is True and doc["failed"] == []
+    assert doc["peers"] == {
+        "torch": "built in (indexer: paged gather, bf16 matmul, relu, weighted head sum, torch.topk)",
+        "deepgemm": "loaded from fake", "deepgemm_topk": "loaded from fake"}
+    assert [c["name"] for c in doc["cases"]] == ["indexer decode h4 B=3 ctx96", "indexer prefill h8 T=5 ctx80"]
+    for c in doc["cases"]:
+        for k in REQUIRED_CASE:
+            assert k in c
+        assert c["kind"] == "indexer" and c["kv_format"] == "fp8_indexer" and c["topk"] in (40, 32)
+        assert list(c["methods"]) == ["ours", "ours_logits", "deepgemm", "deepgemm_topk", "torch"]
+        for name, m in c["methods"].items():
+            assert "error" not in m, (name, m)
+            assert all(isinstance(m[k], float) for k in TIMED) and m["ms"] > 0
+            assert m["rel_err"] < bench.INDEXER_TOL
+        assert c["methods"]["ours"]["rel_err"] < 1e-6 and c["methods"]["ours_logits"]["rel_err"] < 1e-5
+        assert c["methods"]["torch"]["ms_logits"] > 0  # the torch logits alone, checked and timed as a variant
+        assert "+ torch.topk" in c["methods"]["deepgemm_topk"]["config"]
+    dec, pre = doc["cases"]
+    assert dec["phase"] == "decode" and dec["rows"] == dec["requests"] == 3 and dec["pairs"] == 3 * 96
+    assert pre["phase"] == "prefill" and pre["requests"] == 1 and pre["checked_rows"] == 3
+    assert pre["pairs"] == sum(range(76, 81)) and pre["flops"] == 2 * 8 * 128 * pre["pairs"]
+    assert "-inf fill" in pre["methods"]["deepgemm_topk"]["config"]  # its uncleaned columns are masked
+    assert "-inf fill" not in dec["methods"]["deepgemm_topk"]["config"]  # every column is a candidate
+    assert ("paged", 3, 4, 96) in calls and ("meta", 16) in calls and ("prefill", 5, 8, 80) in calls
+    assert any("ours_logits / deepgemm" in s for s in lines)
+
+
+def test_missing_deepgemm_is_an_error_on_each_indexer_case(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "_vllm_installed", lambda: False)
+    out = tmp_path / "r.json"
+    rc = bench.run_bench(cpu_smoke=True, kinds="indexer", case_filter="prefill", out=str(out), plot=False,
+                         methods=("ours", "deepgemm", "deepgemm_topk"), deepgemm_dir=str(tmp_path / "none"),
+                         log=lambda s: None)
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    status = doc["peers"]["deepgemm"]
+    assert set(doc["peers"]) == {"deepgemm", "deepgemm_topk"} and doc["peers"]["deepgemm_topk"] == status
+    assert status.startswith("not available: ") and "does not exist" in status and "vLLM: not installed" in status
+    (case,) = doc["cases"]
+    assert case["methods"]["deepgemm"] == {"error": status} and case["methods"]["deepgemm_topk"] == {"error": status}
+    assert case["methods"]["ours"]["ms"] > 0
+
+
+def test_indexer_accuracy_check():
+    inf = math.inf
+    ref = torch.tensor([[3.0, 1.0, 2.0, 2.0, -inf, -inf], [-inf, 5.0, -inf, -inf, -inf, -inf]])
+    for sel in ([[0, 2, 3], [1, -1, -1]], [[3, 0, 1], [-1, 1, -1]]):  # any order
+        err, why = bench.indexer_error(torch.tensor(sel, dtype=torch.int32), ref, 3)
+        assert why is None and err < 0.5
+    err, why = bench.indexer_error(torch.tensor([[0, 3], [1, -1]]), ref, 2)  # a tie at the threshold: either one
+    assert (err, why) == (0.0, None)
+    assert bench.indexer_error(torch.tensor([[0, 2], [1, -1]]), ref, 2) == (0.0, None)
+    bad = {
+        "a row does not hold": [[0, 2], [-1, -1]],
+        "selected twice": [[0, 0], [1, -1]],
+        "not a candidate": [[0, 4], [1, -1]],
+        "out of range": [[0, 6], [1, -1]],
+    }
+    for what, sel in bad.items():
+        err, why = bench.indexer_error(torch.tensor(sel), ref, 2)
+        assert err == inf and what in why, (what, why)
+    err, why = bench.indexer_error(torch.tensor([[0, 1], [1, -1]]), ref, 2)  # the wrong one of the top two
+    assert why is None and err == pytest.approx(1 / math.sqrt(3**2 + 2**2 + 5**2))
+    # logits: only the candidates count (what a method leaves elsewhere is not checked)
+    got = ref.masked_fill(torch.isneginf(ref), 1e30)
+    assert bench.indexer_error(got, ref, 2) == (0.0, None)
+    assert bench.indexer_error(got[:, :5], ref, 2)[0] == inf
+    nan = ref.clone()
+    nan[0, 0] = math.nan
+    assert bench.indexer_error(nan, ref, 2) == (inf, "non-finite logits at candidate positions")
+
+
 def test_a_wrong_method_is_refused_before_timing():
     case = bench.smoke_cases()[0]  # decode h8 B=2 fp16
 
@@ -242,6 +460,7 @@ def test_budget_cuts_the_run_short_and_keeps_the_json(tmp_path):
 
 def test_bad_method_and_no_gpu():
     assert bench.run_bench(cpu_smoke=True, methods=("ours", "nope"), log=lambda s: None) == 2
+    assert bench.run_bench(cpu_smoke=True, kinds="attention,indexr", log=lambda s: None) == 2
     if not torch.cuda.is_available():
         assert bench.run_bench(log=lambda s: None) == 2
 
@@ -320,6 +539,67 @@ def test_targets():
     assert text.splitlines()[-1].startswith("9 PASS, 3 FAIL, 4 n/a")
 
 
+def _ic(phase, heads, ctx, **methods):
+    rows = 64 if phase == "decode" else 4096
+    name = f"indexer {phase} h{heads} {'B' if phase == 'decode' else 'T'}={rows} ctx{ctx // 1024}K"
+    return {"name": name, "kind": "indexer", "phase": phase, "rows": rows, "heads": heads, "topk": 2048, "ctx": ctx,
+            "kv_format": "fp8_indexer", "methods": methods}
+
+
+def _indexer_doc():
+    na = {"error": "not available: no DeepGEMM folder"}
+    return _doc([
+        _ic("decode", 64, 32768, ours=_m(0.10, 0.09), ours_logits=_m(0.08, 0.07), deepgemm=_m(0.082, 0.08),
+            deepgemm_topk=_m(0.194, 0.18), torch=_m(1.8)),
+        _ic("decode", 64, 131072, ours=_m(0.4), ours_logits=_m(0.30), deepgemm=_m(0.284), deepgemm_topk=_m(0.476)),
+        _ic("decode", 32, 32768, ours=_m(0.2), ours_logits=_m(0.2), deepgemm=na, deepgemm_topk=na),
+        _ic("prefill", 64, 32768, ours=_m(3.0), ours_logits=_m(2.5), deepgemm=_m(2.13), deepgemm_topk=_m(4.03)),
+        _ic("prefill", 32, 32768, ours=_m(3.0), ours_logits=_m(3.0), deepgemm=_m(1.15), deepgemm_topk=_m(3.07)),
+    ])
+
+
+def test_indexer_targets():
+    rows = _rows(_indexer_doc())
+    dl, dt = "indexer decode logits: ours_logits / deepgemm", "indexer decode +top-k: ours / deepgemm_topk"
+    pl, pt = "indexer prefill logits: ours_logits / deepgemm", "indexer prefill +top-k: ours / deepgemm_topk"
+    assert {t for t, _ in rows} == {dl, dt, pl, pt}  # no attention cases: the attention targets are left out
+    assert len([k for k in rows if k[0] in (dl, dt)]) == 8 and len([k for k in rows if k[0] in (pl, pt)]) == 4
+    r = rows[(dl, "indexer decode h64 B=64 ctx32K")]
+    assert r["ratio"] == pytest.approx(0.08 / 0.082) and r["status"] == "PASS" and r["goal_met"]
+    assert r["graph_ratio"] == pytest.approx(0.07 / 0.08) and (r["limit"], r["goal"]) == (1.30, 1.00)
+    r = rows[(dl, "indexer decode h64 B=64 ctx128K")]
+    assert r["ratio"] == pytest.approx(0.30 / 0.284) and r["status"] == "PASS" and not r["goal_met"]
+    assert r["graph_ratio"] is None
+    r = rows[(dt, "indexer decode h64 B=64 ctx32K")]
+    assert r["ratio"] == pytest.approx(0.10 / 0.194) and r["graph_ratio"] == pytest.approx(0.09 / 0.18)
+    assert (r["limit"], r["goal"]) == (1.00, 0.70) and r["goal_met"]
+    r = rows[(dt, "indexer decode h32 B=64 ctx32K")]
+    assert r["status"] == "n/a" and "not available" in r["note"]
+    r = rows[(dt, "(kind=indexer phase=decode heads=32 ctx=131072 rows=64)")]
+    assert r["status"] == "n/a" and r["note"] == "case not in results"
+    r = rows[(pl, "indexer prefill h32 T=4096 ctx32K")]
+    assert r["ratio"] == pytest.approx(3.0 / 1.15) and r["status"] == "FAIL" and (r["limit"], r["goal"]) == (2.5, 1.3)
+    r = rows[(pt, "indexer prefill h64 T=4096 ctx32K")]
+    assert r["ratio"] == pytest.approx(3.0 / 4.03) and r["goal_met"] and (r["limit"], r["goal"]) == (1.3, 0.9)
+    assert r["graph_ratio"] is None  # prefill: no graph times
+    text = bench.targets_text(_indexer_doc())
+    assert "attention targets left out" in text
+    assert text.splitlines()[-1] == "7 PASS, 1 FAIL, 4 n/a; goal met on 4 of 12 rows"
+    assert "indexer targets left out" in bench.targets_text(_new_doc())
+    both = _doc(_new_doc()["cases"] + _indexer_doc()["cases"])
+    assert bench.targets_text(both).splitlines()[-1].startswith("16 PASS, 4 FAIL, 8 n/a")
+    # ratios: DeepGEMM's logits against ours_logits, the rest against ours; ours_logits is not a peer column
+    rr = {r["case"]: r for r in bench.ratio_rows(_indexer_doc())}
+    r = rr["indexer decode h64 B=64 ctx32K"]
+    assert r["ratios"]["deepgemm"] == pytest.approx(0.08 / 0.082) and "ours_logits" not in r["ratios"]
+    assert r["ratios"]["deepgemm_topk"] == pytest.approx(0.10 / 0.194) and r["ratios"]["torch"] == pytest.approx(
+        0.10 / 1.8)
+    assert r["graph_ratios"]["deepgemm"] == pytest.approx(0.07 / 0.08) and r["ours_ms"] == 0.10
+    assert "deepgemm" in rr["indexer decode h32 B=64 ctx32K"]["errors"]
+    text = bench.ratios_text(both)
+    assert "/deepgemm_topk" in text and "/ours_logits" not in text and "ours_logits / deepgemm" in text
+
+
 def test_ratios_and_compare():
     new = _new_doc()
     rr = {r["case"]: r for r in bench.ratio_rows(new)}
@@ -339,6 +619,15 @@ def test_ratios_and_compare():
     assert rows[("decode h16 B=64 bf16", "ours")]["in_old"] is False
     text = bench.compare_text(old, new, "old.json", "new.json")
     assert "old.json" in text and "commit old1" in text and "targets" in text
+    # indexer cases: matched by name, else by their fields (phase included)
+    old_i, new_i = _indexer_doc(), _indexer_doc()
+    old_i["cases"][3]["name"] = "indexer prefill h64 (renamed)"
+    old_i["cases"][3]["methods"]["ours"] = _m(6.0)
+    rows = {(r["case"], r["method"]): r for r in bench.compare_rows(old_i, new_i)}
+    assert rows[("indexer prefill h64 T=4096 ctx32K", "ours")]["ratio"] == pytest.approx(0.5)
+    assert rows[("indexer decode h64 B=64 ctx32K", "ours_logits")]["graph_ratio"] == pytest.approx(1.0)
+    assert [m for (c, m) in rows if c == "indexer decode h64 B=64 ctx32K"] == [
+        "ours", "torch", "ours_logits", "deepgemm", "deepgemm_topk"]
 
 
 def test_cli_report_modes(tmp_path, capsys):
@@ -352,6 +641,11 @@ def test_cli_report_modes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "new/old" in out and "0.50" in out
     assert main(["bench", "--against", str(new)]) == 2
+    idx = tmp_path / "idx.json"
+    idx.write_text(json.dumps(_indexer_doc()))
+    assert main(["bench", "--targets", str(idx)]) == 0
+    out = capsys.readouterr().out
+    assert "indexer prefill +top-k: ours / deepgemm_topk" in out and "7 PASS, 1 FAIL, 4 n/a" in out
     assert main(["bench", "--targets", str(tmp_path / "missing.json")]) == 2
     (tmp_path / "bad.json").write_text("[1, 2]")
     assert main(["bench", "--targets", str(tmp_path / "bad.json")]) == 2
@@ -375,6 +669,9 @@ def test_plot_redraw_from_json(tmp_path):
     other = tmp_path / "sub" / "x.png"
     assert bench.plot_results(str(p), str(other)) == str(other) and other.stat().st_size > 1000
     assert bench.plot_results(_doc([]), str(tmp_path / "empty.png"), log=lambda s: None)  # no cases: still a PNG
+    both = _doc(_new_doc()["cases"] + _indexer_doc()["cases"])  # attention and indexer cases in one plot
+    assert bench.plot_results(both, str(tmp_path / "both.png")) == str(tmp_path / "both.png")
+    assert (tmp_path / "both.png").stat().st_size > 1000
 
 
 def test_plot_skipped_without_matplotlib(tmp_path, monkeypatch):

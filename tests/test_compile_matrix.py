@@ -1,4 +1,6 @@
-"""AOT compile matrix: every kernel × every configuration the launch table can pick × every declared target.
+"""AOT compile matrix: every kernel × every configuration the launch table can pick × every declared target
+(attention: the table's entries and the split merge; indexer: logits for 64/32 heads with fp8 and bf16 operands,
+and the top-k selection).
 
 Compiled on the CPU with ``triton.compile(..., target=GPUTarget(...))`` and the specialisation a real launch gets
 (``triton_mla_sparse.kernels.aot``), in a subprocess per target because the rest of the suite runs Triton's
@@ -17,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from triton_mla_sparse.capabilities import ARCHS
-from triton_mla_sparse.kernels.aot import matrix_entries
+from triton_mla_sparse.kernels.aot import indexer_matrix_entries, matrix_entries
 from triton_mla_sparse.kernels.configs import CACHE_CLASSES, HEAD_CLASSES, TABLE
 
 # Entries kept although ptxas spills them, because every spill-free alternative measured 1.6–2.3× slower on the
@@ -75,6 +77,13 @@ def test_compile_matrix(arch_name, hc, cc, fmt, kernel):
 @pytest.mark.parametrize("arch_name", list(ARCHS), ids=[f"{a}-combine" for a in ARCHS])
 def test_compile_matrix_combine(arch_name):
     _check(ARCHS[arch_name], _result(arch_name, (0, "", "", "combine")))
+
+
+@pytest.mark.parametrize("arch_name,hi,qf,kf,kernel", [
+    pytest.param(arch, *e, id=f"{arch}-{e[3]}" + (f"-h{e[0]}-q{e[1]}-k{e[2]}" if e[0] else ""))
+    for arch in ARCHS for e in indexer_matrix_entries()])
+def test_compile_matrix_indexer(arch_name, hi, qf, kf, kernel):
+    _check(ARCHS[arch_name], _result(arch_name, (hi, qf, kf, kernel)))
 
 
 def test_compile_matrix_table_covers_every_arch_and_class():

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
+import functools
 
 import torch
 
 from ._checks import check_attention_inputs, check_kernel_device
 from .capabilities import arch_for_device, describe_device, unsupported_reasons
 from .formats import D_V
-from .kernels.configs import choose_config, interpreting
+from .kernels.configs import choose_config
 
 __all__ = ["sparse_mla_attention", "sparse_mla_attention_with_config"]
 
@@ -42,20 +42,40 @@ def sparse_mla_attention_with_config(q, kv_cache, indices, softmax_scale, *, kv_
     arch = None
     if dev.type == "cuda":
         arch = arch_for_device(dev)
-        reasons = unsupported_reasons(arch, q_dtype=p.dtype, kv_format=p.kv_format, d_rope=p.d_rope, heads=p.H,
-                                      topk=p.topk, block_size=p.block_size, device_desc=describe_device(dev))
+        reasons = _unsupported(arch, p.dtype, p.kv_format, p.d_rope, p.H, p.topk, p.block_size, dev)
         if reasons:
             raise ValueError(f"q: this configuration is not supported on {describe_device(dev)}: "
                              + "; ".join(reasons))
-    cfg = choose_config(p.T, p.H, p.topk, dev, kernel, kv_format=p.kv_format, arch=arch, **config_overrides)
+    if config_overrides:
+        cfg = choose_config(p.T, p.H, p.topk, dev, kernel, kv_format=p.kv_format, arch=arch, **config_overrides)
+    else:
+        cfg = _choose_config(p.T, p.H, p.topk, dev, kernel, p.kv_format, arch)
     result = out if out is not None else torch.empty(p.T, p.H, D_V, dtype=p.dtype, device=dev)
-    lse = torch.empty(p.T, p.H, dtype=torch.float32, device=dev)
+    lse = torch.empty(p.T, p.H, dtype=torch.float32, device=dev) if return_lse else None
     if p.T > 0:
         from .kernels.attention import launch_sparse_mla
 
-        with torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext():
-            launch_sparse_mla(p, cfg, result, lse)
+        if dev.type == "cuda" and dev.index is not None and dev.index != torch.cuda.current_device():
+            with torch.cuda.device(dev):
+                lse = launch_sparse_mla(p, cfg, result, lse)
+        else:
+            lse = launch_sparse_mla(p, cfg, result, lse)
+    elif lse is None:
+        lse = torch.empty(0, p.H, dtype=torch.float32, device=dev)
     ret = (result, lse) if return_lse else result
     if return_config:
         return (*ret, cfg) if return_lse else (ret, cfg)
     return ret
+
+
+# Per-call host work is part of every eager decode step (tens of microseconds against a ~60 µs kernel), so the
+# pure functions of the problem's shape are memoised: the capability check and the launch configuration.
+@functools.lru_cache(maxsize=4096)
+def _unsupported(arch, q_dtype, kv_format, d_rope, heads, topk, block_size, dev):
+    return tuple(unsupported_reasons(arch, q_dtype=q_dtype, kv_format=kv_format, d_rope=d_rope, heads=heads,
+                                     topk=topk, block_size=block_size, device_desc=describe_device(dev)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose_config(T, H, topk, dev, kernel, kv_format, arch):
+    return choose_config(T, H, topk, dev, kernel, kv_format=kv_format, arch=arch)

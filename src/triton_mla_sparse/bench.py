@@ -48,6 +48,8 @@ from typing import Any, Callable
 import torch
 
 from .formats import D_QK, D_V, FP8_DS_MLA_BYTES, dequantize_fp8_ds_mla, quantize_fp8_ds_mla
+from .indexer import D_INDEX
+from .indexer import FP8_ROW_BYTES as INDEX_ROW_BYTES
 from .slots import topk_to_slots
 
 __all__ = [
@@ -73,21 +75,32 @@ class Case:
     prefill cases ``rows`` causal rows at the last positions of one ``ctx``-token request."""
 
     name: str
-    kind: str  # "decode" | "prefill"
+    kind: str  # "decode" | "prefill" (attention) | "indexer"
     rows: int
-    heads: int
+    heads: int  # attention heads; index heads (Hi) for indexer cases
     topk: int
     ctx: int  # tokens per request
-    kv_format: str  # "bf16" | "fp16" | "fp8_ds_mla"
+    kv_format: str  # "bf16" | "fp16" | "fp8_ds_mla"; indexer cases: "fp8_indexer" (INDEXER_KV_FORMAT)
     requests: int
     block_size: int = 64
     q_dtype: str = "bfloat16"
     softmax_scale: float = GLM5_SCALE
     scale_format: str = "pow2"  # fp8_ds_mla writer convention
     check_rows: int = 256  # accuracy is checked on at most this many rows (a random subset)
+    phase: str | None = None  # indexer cases: "decode" (one row per request) | "prefill" (causal rows, one request)
+
+    @property
+    def pairs(self) -> int:
+        """(row, token) pairs an indexer case scores: every row sees the tokens up to its position (decode rows sit
+        at the last position, ``ctx`` tokens each; prefill rows are the last ``rows`` positions of the request)."""
+        if self.phase == "prefill":
+            return self.rows * (self.ctx - self.rows) + self.rows * (self.rows + 1) // 2
+        return self.rows * self.ctx
 
     @property
     def flops(self) -> int:
+        if self.kind == "indexer":
+            return 2 * self.heads * D_INDEX * self.pairs
         return 2 * self.heads * self.topk * (D_QK + D_V) * self.rows
 
 
@@ -109,30 +122,92 @@ def prefill_case(heads, kv_format, *, rows=4096, ctx=32768, topk=2048, block_siz
                 q_dtype=q_dtype, softmax_scale=scale)
 
 
-def bench_cases(quick: bool = False) -> list[Case]:
-    """The standard case list (see benchmarks/NOTES.md); ``quick`` keeps a subset that runs in about a minute."""
+INDEXER_KV_FORMAT = "fp8_indexer"  # vLLM's fp8 indexer cache: per block bs·128 e4m3 values, then bs float32 scales
+KINDS = ("attention", "indexer")  # case groups: attention = kind "decode" / "prefill"; indexer = kind "indexer"
+
+
+def case_group(case_or_kind) -> str:
+    """``"indexer"`` for indexer cases (a :class:`Case`, a case record or a kind string), else ``"attention"``."""
+    kind = case_or_kind if isinstance(case_or_kind, str) else (
+        case_or_kind.get("kind") if isinstance(case_or_kind, dict) else case_or_kind.kind)
+    return "indexer" if kind == "indexer" else "attention"
+
+
+def indexer_case(heads, phase, *, rows=None, ctx=None, topk=2048, block_size=64, check_rows=128) -> Case:
+    """A DSA-indexer case: fp8 e4m3 q ``[rows, heads, 128]``, float32 weights, vLLM's fp8 indexer cache (132 bytes
+    per token), top-``topk`` selection. ``phase`` "decode": ``rows`` requests (default 64) of ``ctx`` tokens (default
+    32K), one row each at the last position; "prefill": ``rows`` (default 4096) causal rows at the last positions of
+    one ``ctx``-token (default 32K) request."""
+    if phase == "decode":
+        rows = 64 if rows is None else rows
+        ctx = 32768 if ctx is None else ctx
+        name, requests = f"indexer decode h{heads} B={rows} ctx{_ctx_label(ctx)}", rows
+    elif phase == "prefill":
+        rows = 4096 if rows is None else rows
+        ctx = 32768 if ctx is None else ctx
+        name, requests = f"indexer prefill h{heads} T={rows} ctx{_ctx_label(ctx)}", 1
+    else:
+        raise ValueError(f"phase: expected 'decode' or 'prefill', got {phase!r}")
+    return Case(name=name, kind="indexer", rows=rows, heads=heads, topk=topk, ctx=ctx, kv_format=INDEXER_KV_FORMAT,
+                requests=requests, block_size=block_size, q_dtype="float8_e4m3fn", softmax_scale=1.0,
+                check_rows=check_rows, phase=phase)
+
+
+def _parse_kinds(kinds) -> tuple[str, ...]:
+    if kinds is None:
+        return KINDS
+    if isinstance(kinds, str):
+        kinds = [k.strip() for k in kinds.split(",") if k.strip()]
+    kinds = tuple(kinds)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise ValueError(f"kinds: expected a comma-separated subset of {', '.join(KINDS)}, got {bad or 'nothing'}")
+    return kinds
+
+
+def bench_cases(quick: bool = False, kinds=None) -> list[Case]:
+    """The standard case list (see benchmarks/NOTES.md); ``quick`` keeps a subset that runs in about a minute.
+    ``kinds``: which case groups (:data:`KINDS`, default both): the attention cases, then the indexer cases."""
+    kinds = _parse_kinds(kinds)
     fmts = ("bf16", "fp8_ds_mla")
-    if quick:
-        cases = [decode_case(h, 64, f) for h in (16, 128) for f in fmts]
-        cases += [prefill_case(64, f) for f in fmts]
-        return cases
-    cases = [decode_case(h, 64, f) for h in (8, 16, 32, 64, 128) for f in fmts]
-    cases += [decode_case(16, 256, f) for f in fmts]
-    cases += [decode_case(128, 1, f, ctx=65536) for f in fmts]
-    cases += [prefill_case(h, f) for h in (8, 16, 64, 128) for f in fmts]
+    cases: list[Case] = []
+    if "attention" in kinds:
+        if quick:
+            cases += [decode_case(h, 64, f) for h in (16, 128) for f in fmts]
+            cases += [prefill_case(64, f) for f in fmts]
+        else:
+            cases += [decode_case(h, 64, f) for h in (8, 16, 32, 64, 128) for f in fmts]
+            cases += [decode_case(16, 256, f) for f in fmts]
+            cases += [decode_case(128, 1, f, ctx=65536) for f in fmts]
+            cases += [prefill_case(h, f) for h in (8, 16, 64, 128) for f in fmts]
+    if "indexer" in kinds:
+        if quick:
+            cases += [indexer_case(64, "decode", ctx=131072), indexer_case(64, "prefill")]
+        else:
+            cases += [indexer_case(h, "decode", ctx=c) for h in (64, 32) for c in (32768, 131072)]
+            cases += [indexer_case(h, "prefill") for h in (64, 32)]
     return cases
 
 
-def smoke_cases() -> list[Case]:
+def smoke_cases(kinds=None) -> list[Case]:
     """Tiny cases that exercise every code path of the harness (fp16 q: the interpreter's bf16 dots are garbage)."""
+    kinds = _parse_kinds(kinds)
     kw = dict(topk=64, q_dtype="float16")
-    return [
-        decode_case(8, 2, "fp16", ctx=256, **kw),
-        decode_case(32, 2, "fp8_ds_mla", ctx=256, **kw),
-        decode_case(128, 1, "fp16", ctx=512, **kw),
-        replace(prefill_case(16, "fp8_ds_mla", rows=6, ctx=512, **kw), check_rows=4),
-        prefill_case(8, "fp16", rows=4, ctx=256, **kw),
-    ]
+    cases: list[Case] = []
+    if "attention" in kinds:
+        cases += [
+            decode_case(8, 2, "fp16", ctx=256, **kw),
+            decode_case(32, 2, "fp8_ds_mla", ctx=256, **kw),
+            decode_case(128, 1, "fp16", ctx=512, **kw),
+            replace(prefill_case(16, "fp8_ds_mla", rows=6, ctx=512, **kw), check_rows=4),
+            prefill_case(8, "fp16", rows=4, ctx=256, **kw),
+        ]
+    if "indexer" in kinds:
+        cases += [
+            indexer_case(4, "decode", rows=3, ctx=96, topk=40, block_size=16),
+            indexer_case(8, "prefill", rows=5, ctx=80, topk=32, block_size=16, check_rows=3),
+        ]
+    return cases
 
 
 # ----------------------------------------------------------------------------------------------------- inputs
@@ -206,8 +281,11 @@ def encode_cache(values: torch.Tensor, kv_format: str, *, scale_format: str = "p
     raise ValueError(f"kv_format: expected 'bf16', 'fp16' or 'fp8_ds_mla', got {kv_format!r}")
 
 
-def build_inputs(case: Case, device, seed: int = 0) -> CaseInputs:
-    """Random inputs for ``case`` on ``device`` (seeded): paged cache, block table, slot lists, q."""
+def build_inputs(case: Case, device, seed: int = 0):
+    """Random inputs for ``case`` on ``device`` (seeded): paged cache, block table, slot lists, q (a
+    :class:`CaseInputs`); for an indexer case an :class:`IndexerInputs` (:func:`build_indexer_inputs`)."""
+    if case.kind == "indexer":
+        return build_indexer_inputs(case, device, seed)
     device = torch.device(device)
     torch.manual_seed(seed)
     bs = case.block_size
@@ -241,11 +319,112 @@ def build_inputs(case: Case, device, seed: int = 0) -> CaseInputs:
                       unique_rows=unique_rows)
 
 
+@dataclass
+class IndexerInputs:
+    """The arguments of one DSA-indexer problem, in the layout vLLM hands to its indexer (and to ours)."""
+
+    case: Case
+    q: torch.Tensor  # float8_e4m3fn [rows, Hi, 128] (per-(row, head) scales folded into weights, as vLLM does)
+    weights: torch.Tensor  # float32 [rows, Hi]
+    k_cache: torch.Tensor  # uint8 [num_blocks, block_size · 132]: vLLM's fp8 indexer layout
+    block_table: torch.Tensor  # int32 [requests, ctx / block_size]
+    req_id_per_token: torch.Tensor  # int32 [rows]
+    positions: torch.Tensor  # int32 [rows]: row t scores request-local tokens 0 .. positions[t]
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    @property
+    def kv_format(self) -> str:
+        return self.case.kv_format
+
+    @property
+    def max_len(self) -> int:
+        """Logits width: the block table's capacity (= ctx)."""
+        return self.block_table.shape[1] * self.case.block_size
+
+    @property
+    def unique_rows(self) -> int:
+        """Cache tokens read by all rows together: every token of every request."""
+        return self.case.requests * self.case.ctx
+
+    @property
+    def unique_bytes(self) -> int:
+        """Bytes a perfect logits kernel reads: each cache token once (132 B), q and the weights once. The logits
+        (rows × ctx × 4 B, written by logits-only methods; a workspace in a fused top-k) are left out."""
+        return (self.unique_rows * INDEX_ROW_BYTES + self.q.numel() * self.q.element_size()
+                + self.weights.numel() * self.weights.element_size())
+
+
+def encode_indexer_cache(values: torch.Tensor) -> torch.Tensor:
+    """float ``values [num_blocks, block_size, 128]`` -> vLLM's fp8 indexer cache, uint8 ``[num_blocks,
+    block_size · 132]``: per block the block_size · 128 e4m3 values (token-major), then block_size float32 scales
+    (scale = amax / 448 per token, as vLLM's indexer cache writer and DeepGEMM's tests make them)."""
+    nb, bs, d = values.shape
+    if d != D_INDEX:
+        raise ValueError(f"values: expected last dim {D_INDEX}, got {d}")
+    scale = (values.abs().amax(-1).float() / 448.0).clamp_min(1e-8)  # [nb, bs]
+    q8 = (values.float() / scale[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    buf = torch.empty(nb, bs * INDEX_ROW_BYTES, dtype=torch.uint8, device=values.device)
+    buf[:, :bs * D_INDEX] = q8.view(torch.uint8).reshape(nb, bs * D_INDEX)
+    buf[:, bs * D_INDEX:] = scale.contiguous().view(torch.uint8).reshape(nb, bs * 4)
+    return buf
+
+
+def build_indexer_inputs(case: Case, device, seed: int = 0) -> IndexerInputs:
+    """Random indexer inputs for ``case`` (seeded): cache tokens of varied magnitude in blocks handed to the
+    requests from a random permutation of the pool; q quantised to e4m3 per (row, head) with the scale folded into
+    the weights (vLLM's convention); weights ~ N(0, 1/Hi). Decode: request r's only row sits at position ctx - 1;
+    prefill: rows at positions ctx - rows .. ctx - 1 of request 0."""
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    bs = case.block_size
+    if case.ctx % bs:
+        raise ValueError(f"ctx {case.ctx} must be a multiple of block_size {bs}")
+    bpr = case.ctx // bs
+    nb = case.requests * bpr
+    block_table = random_block_table(case.requests, bpr, device)
+    k_cache = torch.empty(nb, bs * INDEX_ROW_BYTES, dtype=torch.uint8, device=device)
+    step = max(1, (1 << 25) // (bs * D_INDEX))  # encode in pieces: a float32 copy of a 1 GB cache is 4 GB
+    for b0 in range(0, nb, step):
+        b1 = min(nb, b0 + step)
+        vals = torch.randn(b1 - b0, bs, D_INDEX, device=device)
+        vals *= torch.empty(b1 - b0, bs, 1, device=device).uniform_(0.25, 2.0)
+        k_cache[b0:b1] = encode_indexer_cache(vals)
+    T, Hi = case.rows, case.heads
+    if case.phase == "decode":
+        if case.rows != case.requests:
+            raise ValueError("indexer decode cases have one row per request")
+        req = torch.arange(T, dtype=torch.int32, device=device)
+        positions = torch.full((T,), case.ctx - 1, dtype=torch.int32, device=device)
+    elif case.phase == "prefill":
+        if case.requests != 1 or case.rows > case.ctx:
+            raise ValueError("indexer prefill cases: one request, rows <= ctx")
+        req = torch.zeros(T, dtype=torch.int32, device=device)
+        positions = torch.arange(case.ctx - T, case.ctx, dtype=torch.int32, device=device)
+    else:
+        raise ValueError(f"phase: expected 'decode' or 'prefill', got {case.phase!r}")
+    qf = torch.randn(T, Hi, D_INDEX, device=device)
+    q_scale = (qf.abs().amax(-1) / 448.0).clamp_min(1e-8)  # [T, Hi]
+    q = (qf / q_scale[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    del qf
+    weights = (torch.randn(T, Hi, device=device) * Hi ** -0.5 * q_scale).float().contiguous()
+    return IndexerInputs(case=case, q=q, weights=weights, k_cache=k_cache, block_table=block_table,
+                         req_id_per_token=req, positions=positions)
+
+
 # ----------------------------------------------------------------------------------------------------- methods
 
-METHOD_KEYS = ("ours", "torch", "page1_triton", "flashmla_bf16", "flashmla_fp8")
-PEER_KEYS = METHOD_KEYS[1:]
-EXTERNAL_PEERS = ("page1_triton", "flashmla_bf16", "flashmla_fp8")
+METHOD_KEYS = ("ours", "torch", "page1_triton", "flashmla_bf16", "flashmla_fp8", "ours_logits", "deepgemm",
+               "deepgemm_topk")
+PEER_KEYS = tuple(m for m in METHOD_KEYS if not m.startswith("ours"))
+EXTERNAL_PEERS = ("page1_triton", "flashmla_bf16", "flashmla_fp8", "deepgemm", "deepgemm_topk")
+DEEPGEMM_KEYS = ("deepgemm", "deepgemm_topk")
+# Indexer cases: ours = indexer_topk (logits + select), ours_logits = indexer_logits alone, deepgemm = DeepGEMM's
+# logits alone, deepgemm_topk = DeepGEMM's logits + torch.topk, torch = plain torch logits + torch.topk. Run order:
+INDEXER_METHOD_KEYS = ("ours", "ours_logits", "deepgemm", "deepgemm_topk", "torch")
+INDEXER_ONLY = ("ours_logits", "deepgemm", "deepgemm_topk")
 
 
 class Unsupported(Exception):
@@ -264,6 +443,7 @@ class Prepared:
     # Other eager call patterns of the same method, each checked and timed like fn and recorded as ms_<key>
     # (e.g. page1_triton called exactly as benchmarks/sweep.py did, for comparison with the anchors).
     variants: dict[str, Callable[[], torch.Tensor]] = field(default_factory=dict)
+    warmup_s: float | None = None  # seconds of a first (compiling) call made while building, when there was one
 
 
 MethodFactory = Callable[["CaseInputs"], Prepared]
@@ -283,9 +463,12 @@ def method_applies(name: str, case: Case) -> bool:
 
     ``ours`` and ``torch``: every case. ``page1_triton``: bf16 (and fp16, the CPU smoke format) caches, decode and
     prefill. ``flashmla_bf16``: bf16 caches, decode and prefill. ``flashmla_fp8``: fp8_ds_mla caches, decode and
-    prefill (prefill through the decode kernel with each row as its own batch entry, as vLLM's fp8 path does)."""
+    prefill (prefill through the decode kernel with each row as its own batch entry, as vLLM's fp8 path does).
+    ``ours_logits``, ``deepgemm``, ``deepgemm_topk``: indexer cases only (and no attention peer applies to them)."""
     if name in ("ours", "torch"):
         return True
+    if name in INDEXER_ONLY:
+        return case.kind == "indexer"
     if case.kind not in ("decode", "prefill"):
         return False
     if name == "page1_triton":
@@ -311,6 +494,8 @@ def config_str(cfg) -> str:
 
 @register_method("ours")
 def _build_ours(inp: CaseInputs) -> Prepared:
+    if inp.case.kind == "indexer":
+        return _build_ours_indexer(inp)
     from .api import sparse_mla_attention, sparse_mla_attention_with_config
 
     q, kv, idx, scale, fmt = inp.q, inp.kv_cache, inp.indices, inp.softmax_scale, inp.kv_format
@@ -326,7 +511,10 @@ def _build_ours(inp: CaseInputs) -> Prepared:
 
 @register_method("torch")
 def _build_torch(inp: CaseInputs) -> Prepared:
-    """Plain PyTorch: gather the rows, (dequantise fp8_ds_mla to bf16), matmul, softmax, matmul in q's dtype."""
+    """Plain PyTorch: gather the rows, (dequantise fp8_ds_mla to bf16), matmul, softmax, matmul in q's dtype.
+    Indexer cases: :func:`_build_torch_indexer`."""
+    if inp.case.kind == "indexer":
+        return _build_torch_indexer(inp)
     q, kv, idx, scale, fmt = inp.q, inp.kv_cache, inp.indices, inp.softmax_scale, inp.kv_format
     if not kv.is_contiguous():
         raise Unsupported("torch method needs a contiguous cache")
@@ -347,6 +535,193 @@ def _build_torch(inp: CaseInputs) -> Prepared:
         return torch.matmul(p, k[..., :D_V])
 
     return Prepared(fn=fn, config="gather+matmul+softmax")
+
+
+# ----- the DSA indexer methods
+
+def _indexer_args(inp: IndexerInputs) -> tuple:
+    return (inp.q, inp.weights, inp.k_cache, inp.block_table, inp.req_id_per_token, inp.positions)
+
+
+def _indexer_config_str(inp: IndexerInputs, what: str) -> str:
+    try:
+        from .indexer import check_indexer_inputs, choose_indexer_config
+
+        cfg = choose_indexer_config(check_indexer_inputs(*_indexer_args(inp)))
+    except Exception as e:  # noqa: BLE001 - the call itself reports real problems
+        return f"{what} (config: {_short_exc(e, 60)})"
+    g = lambda k: getattr(cfg, k, "?")  # noqa: E731 - the config's fields move with the kernel's tuning
+    chunk = f"x{cfg.chunk_tiles}" if hasattr(cfg, "chunk_tiles") else ""
+    return (f"{what} bh{g('block_h')} bk{g('block_k')}{chunk} w{g('num_warps')} st{g('num_stages')}"
+            + (" fp8dot" if getattr(cfg, "use_fp8_dot", False) else "")
+            + f" sel{g('select_block')}x{g('select_warps')}")
+
+
+def _build_ours_indexer(inp: IndexerInputs) -> Prepared:
+    """``indexer_topk``: the logits kernel into a float32 workspace, then the radix select, into a preallocated
+    int32 ``[rows, topk]`` (the call vLLM would make per layer)."""
+    from .indexer import indexer_topk
+
+    args, topk, L = _indexer_args(inp), inp.case.topk, inp.max_len
+    out = torch.empty(inp.case.rows, topk, dtype=torch.int32, device=inp.device)
+
+    def fn():
+        return indexer_topk(*args, topk, max_len=L, out=out)
+
+    return Prepared(fn=fn, config=_indexer_config_str(inp, "indexer_topk"))
+
+
+@register_method("ours_logits")
+def _build_ours_logits(inp: IndexerInputs) -> Prepared:
+    """``indexer_logits`` alone: float32 ``[rows, ctx]`` (allocated per call, as DeepGEMM allocates its output)."""
+    from .indexer import indexer_logits
+
+    if inp.case.kind != "indexer":
+        raise Unsupported("ours_logits is the indexer logits kernel (indexer cases only)")
+    args, L = _indexer_args(inp), inp.max_len
+
+    def fn():
+        return indexer_logits(*args, L)
+
+    return Prepared(fn=fn, config=_indexer_config_str(inp, "indexer_logits"))
+
+
+def _invalid_columns(inp: IndexerInputs) -> torch.Tensor | None:
+    """bool ``[rows, max_len]``: columns past each row's position (None when every column is a candidate)."""
+    cols = torch.arange(inp.max_len, device=inp.device)
+    mask = cols[None, :] > inp.positions.long()[:, None]
+    return mask if bool(mask.any()) else None
+
+
+def _topk_positions(logits: torch.Tensor, topk: int) -> torch.Tensor:
+    """torch.topk of each row, -1 where the value is -inf (not a candidate) or past the row's width."""
+    k = min(topk, logits.shape[1])
+    vals, idx = torch.topk(logits, k, dim=1)
+    idx = idx.masked_fill(torch.isneginf(vals), -1)
+    if k < topk:
+        idx = torch.cat([idx, idx.new_full((idx.shape[0], topk - k), -1)], 1)
+    return idx
+
+
+def _build_torch_indexer(inp: IndexerInputs) -> Prepared:
+    """Plain PyTorch indexer: gather the requests' cache blocks through the block table, e4m3 -> bf16 (exact), bf16
+    ``q · kᵀ`` (fp32 accumulation) in row chunks of <= 1 GB of scores, × the token scales, relu, the weighted head
+    sum as a bf16 matmul, -inf past each row's position, then ``torch.topk``. The variant ``logits`` (recorded as
+    ``ms_logits``) stops before the top-k. Rows must either all belong to request 0 (prefill: one K shared by every
+    row) or be one row per request in order (decode)."""
+    c = inp.case
+    T, Hi = inp.q.shape[:2]
+    bs, L, topk = c.block_size, inp.max_len, c.topk
+    R, bpr = inp.block_table.shape
+    req = inp.req_id_per_token.tolist()
+    if R == 1 and all(r == 0 for r in req):
+        shared = True
+    elif R == T and req == list(range(T)):
+        shared = False
+    else:
+        raise Unsupported("the torch indexer handles one request shared by all rows, or one row per request")
+    nb = inp.k_cache.shape[0]
+    vals_u8 = inp.k_cache[:, :bs * D_INDEX].reshape(nb, bs, D_INDEX)  # views of the cache bytes
+    scale_u8 = inp.k_cache[:, bs * D_INDEX:bs * INDEX_ROW_BYTES]
+    bt = inp.block_table.long()
+    invalid = _invalid_columns(inp)
+    chunk = max(1, (1 << 30) // (Hi * L * 2))
+    q, w = inp.q, inp.weights
+
+    def logits():
+        kv = vals_u8[bt].reshape(R, L, D_INDEX).view(torch.float8_e4m3fn).to(torch.bfloat16)
+        ks = scale_u8[bt].reshape(R, bpr, bs * 4).view(torch.float32).reshape(R, L).to(torch.bfloat16)
+        qb, wb = q.to(torch.bfloat16), w.to(torch.bfloat16)
+        out = torch.empty(T, L, dtype=torch.float32, device=q.device)
+        for t0 in range(0, T, chunk):
+            t1 = min(T, t0 + chunk)
+            if shared:
+                s = torch.matmul(qb[t0:t1], kv[0].t())  # [t, Hi, L]
+                s.mul_(ks[0])
+            else:
+                s = torch.matmul(qb[t0:t1], kv[t0:t1].transpose(1, 2))
+                s.mul_(ks[t0:t1, None, :])
+            s.relu_()
+            out[t0:t1] = torch.matmul(wb[t0:t1, None, :], s)[:, 0]
+            del s
+        if invalid is not None:
+            out.masked_fill_(invalid, float("-inf"))
+        return out
+
+    def fn():
+        return _topk_positions(logits(), topk)
+
+    return Prepared(fn=fn, config="gather+bf16 matmul+relu+w-sum+torch.topk", variants={"logits": logits})
+
+
+def _deepgemm_logits_call(dg, inp: IndexerInputs) -> tuple[Callable[[], torch.Tensor], str]:
+    """The DeepGEMM logits call for the case, as vLLM 0.33 makes it, and its description.
+
+    decode: ``fp8_fp4_paged_mqa_logits((q [B,1,Hi,128], None), cache [nb,bs,1,132], weights, context_lens [B,1],
+    block_table, schedule_meta, max_len)`` with ``context_lens = position + 1`` and the schedule metadata computed
+    once outside the timed call (vLLM computes it once per step, shared by all layers). prefill:
+    ``fp8_fp4_mqa_logits((q [T,Hi,128], None), (k [N,128] e4m3, k_scale [N] f32), weights, ks, ke, max_len)`` on the
+    request's K gathered into contiguous tensors once, outside the timed call (vLLM gathers it per chunk with its
+    own kernel), ``ks = 0``, ``ke = position + 1``. DeepGEMM does not clean the columns past a row's length."""
+    c = inp.case
+    T, Hi = inp.q.shape[:2]
+    bs, L = c.block_size, inp.max_len
+    w = inp.weights.contiguous()
+    if c.phase == "decode":
+        ctx_lens = (inp.positions + 1).to(torch.int32).view(T, 1).contiguous()
+        bt = inp.block_table[inp.req_id_per_token.long()].contiguous()  # one table row per query row
+        kv4 = inp.k_cache.view(inp.k_cache.shape[0], bs, 1, INDEX_ROW_BYTES)
+        q4 = inp.q.view(T, 1, Hi, D_INDEX)
+        meta = dg.get_paged_mqa_logits_metadata(ctx_lens, bs, dg.get_num_sms())
+
+        def call():
+            return dg.fp8_fp4_paged_mqa_logits((q4, None), kv4, w, ctx_lens, bt, meta, L)[:, :L]
+
+        return call, "fp8_fp4_paged_mqa_logits"
+    if not bool((inp.req_id_per_token == 0).all()):
+        raise Unsupported("DeepGEMM prefill here: every row of request 0")
+    blocks = inp.k_cache[inp.block_table[0].long()]  # [blocks, bs * 132], the request's blocks in order
+    k_fp8 = blocks[:, :bs * D_INDEX].contiguous().view(torch.float8_e4m3fn).view(-1, D_INDEX)
+    k_sf = blocks[:, bs * D_INDEX:].contiguous().view(torch.float32).view(-1)
+    ks = torch.zeros(T, dtype=torch.int32, device=inp.device)
+    ke = (inp.positions + 1).to(torch.int32).contiguous()
+    q = inp.q.contiguous()
+
+    def call():
+        return dg.fp8_fp4_mqa_logits((q, None), (k_fp8, k_sf), w, ks, ke, L)[:, :L]
+
+    return call, "fp8_fp4_mqa_logits (K gathered once)"
+
+
+def _warm_up(fn, device) -> float:
+    """One call (DeepGEMM JIT-compiles its kernels on first use), synchronised; returns its seconds."""
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def _build_deepgemm(dg, inp: IndexerInputs) -> Prepared:
+    """DeepGEMM's fp8 MQA-logits kernel alone (see :func:`_deepgemm_logits_call`); warmed up (compiled) here."""
+    call, desc = _deepgemm_logits_call(dg, inp)
+    return Prepared(fn=call, config=f"{desc} h{inp.case.heads}", warmup_s=_warm_up(call, inp.device))
+
+
+def _build_deepgemm_topk(dg, inp: IndexerInputs) -> Prepared:
+    """DeepGEMM's logits, then ``torch.topk(topk)``; where some rows end before max_len (prefill) the uncleaned
+    columns past each row's length are first set to -inf in place (one masked_fill_ with a mask made once)."""
+    call, desc = _deepgemm_logits_call(dg, inp)
+    invalid = _invalid_columns(inp)
+    topk = inp.case.topk
+
+    def fn():
+        lg = call()
+        if invalid is not None:
+            lg.masked_fill_(invalid, float("-inf"))
+        return _topk_positions(lg, topk)
+
+    cfg = f"{desc} h{inp.case.heads}" + (" + -inf fill" if invalid is not None else "") + " + torch.topk"
+    return Prepared(fn=fn, config=cfg, warmup_s=_warm_up(fn, inp.device))
 
 
 # The peer calls below are the ones benchmarks/sweep.py ran on the H200 (same argument shapes, padding and slicing);
@@ -430,7 +805,8 @@ def _build_page1_triton(tda, inp: CaseInputs) -> Prepared:
 
 
 _PEER_BUILDERS = {"page1_triton": ("page1", _build_page1_triton), "flashmla_bf16": ("flashmla", _build_flashmla_bf16),
-                  "flashmla_fp8": ("flashmla", _build_flashmla_fp8)}
+                  "flashmla_fp8": ("flashmla", _build_flashmla_fp8), "deepgemm": ("deepgemm", _build_deepgemm),
+                  "deepgemm_topk": ("deepgemm", _build_deepgemm_topk)}
 
 
 # ----------------------------------------------------------------------------------------------------- peers
@@ -443,11 +819,17 @@ PEER_MODULES = {
 }
 
 
+# DeepGEMM (the indexer peer): a package folder (get-peers.sh --deepgemm makes <peers>-deepgemm/deep_gemm), else the
+# copy inside an installed vLLM. These functions must be there (the API of the DeepGEMM in vLLM 0.33.0).
+DEEPGEMM_VLLM_MODULE = "vllm.third_party.deep_gemm"
+DEEPGEMM_FUNCTIONS = ("get_paged_mqa_logits_metadata", "fp8_fp4_paged_mqa_logits", "fp8_fp4_mqa_logits", "get_num_sms")
+
+
 @dataclass
 class Peers:
     """Loaded peer modules and a one-line status per method key ("loaded from ..." / "not available: ...")."""
 
-    modules: dict[str, Any] = field(default_factory=dict)  # "flashmla" / "page1" -> module
+    modules: dict[str, Any] = field(default_factory=dict)  # "flashmla" / "page1" / "deepgemm" -> module
     status: dict[str, str] = field(default_factory=dict)  # method key -> status line
     folder: str | None = None
 
@@ -467,6 +849,128 @@ def resolve_peers_dir(option: str | None = None, env=None, cwd: str | None = Non
     if os.path.isdir(os.path.join(cwd, ".peers")):
         return os.path.join(cwd, ".peers"), "./.peers"
     return None, "none"
+
+
+def resolve_deepgemm_dir(option: str | None = None, env=None, cwd: str | None = None,
+                         peers_dir: str | None = None) -> tuple[str | None, str]:
+    """The folder holding the ``deep_gemm`` package and how it was chosen: ``--deepgemm-dir DIR``, else
+    ``$TMS_DEEPGEMM_DIR``, else ``<peers folder>-deepgemm`` beside the peers folder in use (what
+    ``get-peers.sh --deepgemm`` makes), else ``./.peers-deepgemm`` when it exists, else ``(None, "none")``."""
+    env = os.environ if env is None else env
+    if option:
+        return option, "--deepgemm-dir"
+    if env.get("TMS_DEEPGEMM_DIR"):
+        return env["TMS_DEEPGEMM_DIR"], "TMS_DEEPGEMM_DIR"
+    if peers_dir:
+        return os.path.normpath(peers_dir) + "-deepgemm", "beside the peers folder"
+    cwd = os.getcwd() if cwd is None else cwd
+    if os.path.isdir(os.path.join(cwd, ".peers-deepgemm")):
+        return os.path.join(cwd, ".peers-deepgemm"), "./.peers-deepgemm"
+    return None, "none"
+
+
+def deepgemm_jit_cache_dir(env=None) -> str:
+    """Where DeepGEMM's JIT writes its kernels: ``$DG_JIT_CACHE_DIR`` when set, else (set by :func:`load_peers`
+    before the import) a folder in the system temp dir, reused by later runs on the same machine."""
+    env = os.environ if env is None else env
+    import tempfile
+
+    return env.get("DG_JIT_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "triton-mla-sparse-deepgemm-jit")
+
+
+def _import_package_from_folder(name: str, folder: str):
+    """Import the package ``folder/name/`` as ``name`` (what ``sys.path.insert(0, folder); import name`` does, but
+    always this folder). On failure nothing of it stays in ``sys.modules`` (an earlier module is put back)."""
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"folder {folder} does not exist")
+    pkg = os.path.join(folder, name)
+    init = os.path.join(pkg, "__init__.py")
+    if not os.path.isfile(init):
+        raise FileNotFoundError(f"{init} does not exist")
+
+    def ours(k):
+        return k == name or k.startswith(name + ".")
+
+    saved = {k: v for k, v in sys.modules.items() if ours(k)}
+    for k in saved:
+        del sys.modules[k]
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[pkg])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        for k in [k for k in sys.modules if ours(k)]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+        raise
+    return mod
+
+
+def _deepgemm_device_problem() -> str | None:
+    """DeepGEMM's MQA-logits kernels are built for SM90 / SM100 (and SM120 in this build)."""
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    if major not in (9, 10, 12):
+        return f"DeepGEMM's MQA-logits kernels need SM90 or SM100 (SM120); this device is sm_{major}{minor}"
+    return None
+
+
+def _load_deepgemm(peers: Peers, wanted, *, option, env, cwd, peers_dir, use_vllm) -> None:
+    """Load DeepGEMM for the method keys of :data:`DEEPGEMM_KEYS` in ``wanted`` (see :func:`load_peers`)."""
+    keys = [m for m in DEEPGEMM_KEYS if m in wanted]
+    if not keys:
+        return
+    folder, how = resolve_deepgemm_dir(option, env, cwd, peers_dir)
+    reasons = []
+    mod = source = None
+
+    def set_jit_dir():  # before DeepGEMM is imported: its runtime reads the variable
+        if not os.environ.get("DG_JIT_CACHE_DIR"):
+            os.environ["DG_JIT_CACHE_DIR"] = deepgemm_jit_cache_dir()
+
+    if folder:
+        here = os.path.join(os.getcwd() if cwd is None else cwd, ".peers-deepgemm")
+        shown = ".peers-deepgemm" if os.path.abspath(folder) == os.path.abspath(here) else f"{folder} ({how})"
+        try:
+            if os.path.isdir(folder):
+                set_jit_dir()
+            mod = _import_package_from_folder("deep_gemm", folder)
+            source = f"loaded from {shown}"
+        except Exception as e:  # noqa: BLE001 - e.g. OSError from the CUDA extension on a CPU-only torch
+            reasons.append(f"{shown}: {_short_exc(e)}")
+    else:
+        reasons.append("no DeepGEMM folder (--deepgemm-dir DIR, $TMS_DEEPGEMM_DIR or ./.peers-deepgemm, made by "
+                       "get-peers.sh --deepgemm)")
+    if mod is None and use_vllm:
+        if not _vllm_installed():
+            reasons.append("vLLM: not installed")
+        else:
+            try:
+                set_jit_dir()
+                mod = importlib.import_module(DEEPGEMM_VLLM_MODULE)
+                import vllm
+
+                source = f"loaded from installed vLLM {getattr(vllm, '__version__', '?')} ({DEEPGEMM_VLLM_MODULE})"
+            except Exception as e:  # noqa: BLE001
+                reasons.append(f"vLLM {DEEPGEMM_VLLM_MODULE}: {_short_exc(e)}")
+    if mod is not None:
+        missing = [f for f in DEEPGEMM_FUNCTIONS if not callable(getattr(mod, f, None))]
+        if missing:
+            reasons.append(f"{source[len('loaded from '):]}: no {', '.join(missing)} (another DeepGEMM API)")
+            mod = None
+    if mod is not None:
+        problem = _deepgemm_device_problem()
+        if problem:
+            reasons.append(problem)
+            mod = None
+    if mod is not None:
+        peers.modules["deepgemm"] = mod
+        version = getattr(mod, "__version__", None)
+        source += (f", DeepGEMM {version}" if version else "") + f"; JIT cache {deepgemm_jit_cache_dir()}"
+    for m in keys:
+        peers.status[m] = source if mod is not None else "not available: " + "; ".join(reasons)
 
 
 def _short_exc(e: BaseException, limit: int = 300) -> str:
@@ -515,9 +1019,11 @@ def _flashmla_device_problem() -> str | None:
 
 
 def load_peers(option: str | None = None, *, env=None, use_vllm: bool = True, wanted=EXTERNAL_PEERS,
-               cwd: str | None = None) -> Peers:
+               cwd: str | None = None, deepgemm_dir: str | None = None) -> Peers:
     """Load the peer modules needed by the method keys in ``wanted``: each from the peers folder
-    (:func:`resolve_peers_dir`), else from an installed vLLM. Never raises: a peer that cannot load gets the status
+    (:func:`resolve_peers_dir`), else from an installed vLLM; DeepGEMM (``deepgemm``, ``deepgemm_topk``) from its own
+    folder (:func:`resolve_deepgemm_dir`), else the copy in an installed vLLM, with ``$DG_JIT_CACHE_DIR`` set to a
+    writable folder when unset. Never raises: a peer that cannot load gets the status
     ``not available: <every source tried and why it failed>``."""
     folder, how = resolve_peers_dir(option, env, cwd)
     peers = Peers(folder=folder)
@@ -556,6 +1062,7 @@ def load_peers(option: str | None = None, *, env=None, use_vllm: bool = True, wa
         for m in provides:
             if m in wanted:
                 peers.status[m] = source if mod is not None else "not available: " + "; ".join(reasons)
+    _load_deepgemm(peers, wanted, option=deepgemm_dir, env=env, cwd=cwd, peers_dir=folder, use_vllm=use_vllm)
     return peers
 
 
@@ -574,6 +1081,7 @@ def method_factories(peers: Peers | None) -> dict[str, MethodFactory]:
             def unavailable(inp, _r=reason):
                 raise PeerUnavailable(_r)
 
+            unavailable.unavailable = True
             facs[name] = unavailable
     return facs
 
@@ -596,11 +1104,97 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
-def reference_output(inp: CaseInputs, seed: int = 1234):
-    """float32 reference on a random subset of at most ``case.check_rows`` rows: returns ``(ref, row_ids)``
-    (``row_ids`` None when all rows are checked)."""
+INDEXER_TOL = 1e-2  # indexer logits: relative error over the candidates; top-k: over the sorted selected logits
+
+
+def case_tolerance(case: Case) -> float:
+    """The accuracy limit of a case's methods (:func:`tolerance` for attention, :data:`INDEXER_TOL` for indexer)."""
+    return INDEXER_TOL if case.kind == "indexer" else tolerance(case.kv_format)
+
+
+def _check_rows(c: Case, device, seed: int):
+    if c.rows <= c.check_rows:
+        return None
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randperm(c.rows, generator=g)[: c.check_rows].sort().values.to(device)
+
+
+def indexer_reference(inp: IndexerInputs, seed: int = 1234):
+    """float32 reference logits ``[checked rows, max_len]`` (-inf where not a candidate) of a random subset of at
+    most ``case.check_rows`` rows: ``(ref, row_ids)`` (``row_ids`` None when all rows are checked)."""
     from . import reference
 
+    sel = _check_rows(inp.case, inp.device, seed)
+    q, w, kc, bt, req, pos = _indexer_args(inp)
+    if sel is not None:  # (q's rows picked through a uint8 view: fp8 indexing kernels are not everywhere)
+        q = q.view(torch.uint8)[sel].view(q.dtype) if q.dtype == torch.float8_e4m3fn else q[sel]
+        w, req, pos = w[sel], req[sel], pos[sel]
+    ref = reference.indexer_logits(q, w, kc, bt, req, pos, inp.max_len, compute_dtype=torch.float32)
+    return ref, sel
+
+
+def indexer_error(out: torch.Tensor, ref: torch.Tensor, topk: int) -> tuple[float, str | None]:
+    """Error of an indexer method's output on the checked rows against the reference logits ``ref`` (-inf = not a
+    candidate): ``(error, problem)``, ``problem`` None unless the output is structurally wrong (error inf then).
+
+    * logits (a float tensor ``[rows, max_len]``): relative error over the candidate positions; what a method writes
+      elsewhere is not checked (DeepGEMM leaves those columns uncleaned).
+    * top-k positions (an integer tensor ``[rows, topk]``): each row must hold exactly min(topk, candidates)
+      distinct candidate positions, -1 elsewhere; the error is the relative error of their reference logits, sorted,
+      against the reference's own top values (a set comparison that any choice among ties passes)."""
+    T, L = ref.shape
+    ref = ref.float()
+    if out.dtype.is_floating_point:
+        if tuple(out.shape) != (T, L):
+            return math.inf, f"logits of shape {tuple(out.shape)}, expected {(T, L)}"
+        cand = ~torch.isneginf(ref)
+        got = out[cand].float()
+        if not bool(torch.isfinite(got).all()):
+            return math.inf, "non-finite logits at candidate positions"
+        return rel_err(got, ref[cand]), None
+    if out.dim() != 2 or tuple(out.shape) != (T, topk):
+        return math.inf, f"top-k of shape {tuple(out.shape)}, expected {(T, topk)}"
+    pos = out.long()
+    sel = pos >= 0
+    n = (~torch.isneginf(ref)).sum(1)
+    want_k = n.clamp(max=topk)
+    if not torch.equal(sel.sum(1), want_k):
+        return math.inf, "a row does not hold min(topk, candidates) positions"
+    if bool((pos >= L).any()) or bool(((pos < 0) & (pos != -1)).any()):
+        return math.inf, "a position out of range (padding must be -1)"
+    key = torch.where(sel, pos, -1 - torch.arange(topk, device=pos.device)[None, :])  # padding: distinct negatives
+    key = key.sort(dim=1).values
+    if bool((key[:, 1:] == key[:, :-1]).any()):
+        return math.inf, "a position selected twice"
+    vals = torch.gather(ref, 1, torch.where(sel, pos, torch.zeros_like(pos)))
+    if bool(torch.isneginf(vals[sel]).any()):
+        return math.inf, "a selected position is not a candidate"
+    got = torch.where(sel, vals, torch.full_like(vals, -math.inf)).sort(dim=1, descending=True).values
+    k = min(topk, L)
+    want = torch.topk(ref, k, dim=1).values
+    if k < topk:
+        want = torch.cat([want, want.new_full((T, topk - k), -math.inf)], 1)
+    cols = torch.arange(topk, device=ref.device)[None, :] < want_k[:, None]
+    if not bool(cols.any()):
+        return 0.0, None
+    return rel_err(got[cols], want[cols]), None
+
+
+def check_output(case: Case, out: torch.Tensor, ref: torch.Tensor, sel) -> tuple[float, str | None]:
+    """``(error, problem)`` of a method's output on the checked rows (``sel``) against the case's reference."""
+    got = out if sel is None else out[sel]
+    if case.kind == "indexer":
+        return indexer_error(got, ref, case.topk)
+    return rel_err(got, ref), None
+
+
+def reference_output(inp: CaseInputs, seed: int = 1234):
+    """float32 reference on a random subset of at most ``case.check_rows`` rows: returns ``(ref, row_ids)``
+    (``row_ids`` None when all rows are checked). Indexer cases: :func:`indexer_reference`."""
+    from . import reference
+
+    if isinstance(inp, IndexerInputs):
+        return indexer_reference(inp, seed)
     c = inp.case
     q, idx = inp.q, inp.indices
     sel = None
@@ -722,14 +1316,27 @@ def _fmt(x, spec, none="-"):
 def _floors(case: Case, unique_bytes: int, ceilings: dict | None) -> dict:
     if not ceilings or not ceilings.get("copy_gbps") or not ceilings.get("bf16_tflops"):
         return {"memory_ms": None, "compute_ms": None}
+    # The indexer's dots are fp8 e4m3 (twice the bf16 tensor-core rate on sm89+ / Hopper).
+    rate = ceilings["bf16_tflops"] * (2 if case.kind == "indexer" else 1)
     return {"memory_ms": unique_bytes / (ceilings["copy_gbps"] * 1e9) * 1e3,
-            "compute_ms": case.flops / (ceilings["bf16_tflops"] * 1e12) * 1e3}
+            "compute_ms": case.flops / (rate * 1e12) * 1e3}
 
 
 def _case_record(case: Case) -> dict:
-    return {"name": case.name, "kind": case.kind, "rows": case.rows, "heads": case.heads, "topk": case.topk,
-            "ctx": case.ctx, "kv_format": case.kv_format, "block_size": case.block_size, "q_dtype": case.q_dtype,
-            "softmax_scale": case.softmax_scale, "flops": case.flops, "methods": {}}
+    rec = {"name": case.name, "kind": case.kind, "rows": case.rows, "heads": case.heads, "topk": case.topk,
+           "ctx": case.ctx, "kv_format": case.kv_format, "block_size": case.block_size, "q_dtype": case.q_dtype,
+           "softmax_scale": case.softmax_scale, "flops": case.flops, "methods": {}}
+    if case.kind == "indexer":
+        rec.update(phase=case.phase, requests=case.requests, pairs=case.pairs)
+        del rec["softmax_scale"]
+    return rec
+
+
+def _graph_timed(case) -> bool:
+    """Decode-like cases (attention decode, indexer decode; a Case or a case record) are also CUDA-graph timed."""
+    kind = case.get("kind") if isinstance(case, dict) else case.kind
+    phase = case.get("phase") if isinstance(case, dict) else case.phase
+    return kind == "decode" or (kind == "indexer" and phase == "decode")
 
 
 def _free(device):
@@ -745,23 +1352,29 @@ def _run_method(name: str, factory, inp: CaseInputs, ref, sel, *, device, ceilin
     """Accuracy check, then timing, of one method on one case's inputs. Returns its JSON record: ``ms``, ``tflops``,
     ``gbps``, ``rel_err`` (+ ``graph_ms`` for decode, ``pct_copy``, ``config``, ``timer``), or ``error``."""
     case = inp.case
-    tol = tolerance(case.kv_format)
+    tol = case_tolerance(case)
     m: dict = {}
     prep = None
     tag = f"  {name:<13}"
     try:
         if factory is None:
             raise PeerUnavailable(f"not available: unknown method {name!r}")
+        if name in DEEPGEMM_KEYS and not getattr(factory, "unavailable", False):
+            log(f"{tag} building (DeepGEMM JIT-compiles its kernels on first use: may take a minute) ...")
         prep = factory(inp)
         m["config"] = prep.config
+        if prep.warmup_s is not None:
+            m["warmup_s"] = prep.warmup_s
+            if prep.warmup_s > 1.0:
+                log(f"{tag} first call (compile / JIT warm-up) took {prep.warmup_s:.1f} s")
         out = prep.fn()
         _sync(device)
-        got = out if sel is None else out[sel]
-        err = rel_err(got, ref)
+        err, problem = check_output(case, out, ref, sel)
         m["rel_err"] = err
-        del out, got
+        del out
         if not err <= tol:
-            m["error"] = f"accuracy: rel err {err:.3g} > {tol:g}; not timed"
+            m["error"] = (f"accuracy: {problem}; not timed" if problem else
+                          f"accuracy: rel err {err:.3g} > {tol:g}; not timed")
             log(f"{tag} {(prep.config or '')[:44]:<44} ERROR {m['error']}")
             return m
         # On the GPU a second call (the first may have compiled) picks the timer and the graph replay count.
@@ -776,7 +1389,7 @@ def _run_method(name: str, factory, inp: CaseInputs, ref, sel, *, device, ceilin
                "gbps": inp.unique_bytes / (ms * 1e-3) / 1e9, "rel_err": err}
         if ceilings and ceilings.get("copy_gbps"):
             rec["pct_copy"] = 100.0 * rec["gbps"] / ceilings["copy_gbps"]
-        if case.kind == "decode" and graph_timer is not None:
+        if _graph_timed(case) and graph_timer is not None:
             if not prep.graphable:
                 rec["graph_error"] = "not graphable"
             else:
@@ -792,10 +1405,11 @@ def _run_method(name: str, factory, inp: CaseInputs, ref, sel, *, device, ceilin
             try:
                 vout = vfn()
                 _sync(device)
-                verr = rel_err(vout if sel is None else vout[sel], ref)
+                verr, vproblem = check_output(case, vout, ref, sel)
                 del vout
                 if not verr <= tol:
-                    m[f"ms_{key}_error"] = f"accuracy: rel err {verr:.3g} > {tol:g}; not timed"
+                    m[f"ms_{key}_error"] = (f"accuracy: {vproblem}; not timed" if vproblem else
+                                            f"accuracy: rel err {verr:.3g} > {tol:g}; not timed")
                     log(f"{tag} variant {key}: ERROR {m[f'ms_{key}_error']}")
                     continue
                 v_ms = time_wall(vfn, device) if device.type == "cuda" else None
@@ -841,7 +1455,10 @@ def run_case(case: Case, method_names, device, *, factories=None, ceilings=None,
         traceback.print_exc(file=sys.stderr)
         _free(device)
         return rec
-    for name in method_names:
+    names = list(method_names)
+    if case.kind == "indexer":  # ours, ours_logits, deepgemm, deepgemm_topk, torch, then any extra
+        names = [m for m in INDEXER_METHOD_KEYS if m in names] + [m for m in names if m not in INDEXER_METHOD_KEYS]
+    for name in names:
         if not method_applies(name, case):
             continue
         rec["methods"][name] = _run_method(name, factories.get(name), inp, ref, sel, device=device,
@@ -1007,15 +1624,16 @@ DEFAULT_OUT_DIR = os.path.join("benchmarks", "results")
 
 def run_bench(*, quick=False, out=None, out_dir=DEFAULT_OUT_DIR, methods=METHOD_KEYS,
               case_filter=None, seed=0, cpu_smoke=False, peers_dir=None, peers: Peers | None = None, use_vllm=True,
-              budget_s=None, plot=True, compare=None, log=None) -> int:
+              budget_s=None, plot=True, compare=None, log=None, kinds=None, deepgemm_dir=None) -> int:
     """Run the benchmark, print the tables, write the JSON (and PNG). Returns the exit status: 0 ok, 1 a case of
-    'ours' failed (or the time budget cut the run short), 2 no GPU / bad arguments.
+    'ours' (or 'ours_logits') failed (or the time budget cut the run short), 2 no GPU / bad arguments.
 
     ``out``: JSON path; default ``<out_dir>/<gpu>-<date>.json`` on a GPU, none for ``cpu_smoke``. The JSON is
     rewritten after every case (``complete`` false until the end), so a run cut short still leaves its results.
-    ``peers``: preloaded :class:`Peers` (tests); else :func:`load_peers` with ``peers_dir``. ``budget_s``: no case
-    starts after this many seconds (the rest are recorded with an error). ``compare``: an older results JSON to
-    compare with at the end."""
+    ``peers``: preloaded :class:`Peers` (tests); else :func:`load_peers` with ``peers_dir`` (and ``deepgemm_dir``).
+    ``budget_s``: no case starts after this many seconds (the rest are recorded with an error). ``compare``: an older
+    results JSON to compare with at the end. ``kinds``: the case groups to run (:data:`KINDS`: "attention",
+    "indexer"; a list or a comma-separated string; default both). Peers are loaded only for the groups that run."""
     log = log or (lambda s: print(s, flush=True))
     t_start = time.perf_counter()
     cuda = torch.cuda.is_available()
@@ -1038,8 +1656,13 @@ def run_bench(*, quick=False, out=None, out_dir=DEFAULT_OUT_DIR, methods=METHOD_
         except Exception as e:  # noqa: BLE001 - fail before the long run, not after it
             print(f"triton-mla-sparse bench: --compare {compare}: {_short_exc(e)}", file=sys.stderr)
             return 2
+    try:
+        kinds = _parse_kinds(kinds)
+    except ValueError as e:
+        print(f"triton-mla-sparse bench: {e}", file=sys.stderr)
+        return 2
     device = torch.device("cuda" if cuda else "cpu")
-    cases = smoke_cases() if cpu_smoke else bench_cases(quick)
+    cases = smoke_cases(kinds) if cpu_smoke else bench_cases(quick, kinds)
     if case_filter:
         rx = re.compile(case_filter)
         cases = [c for c in cases if rx.search(c.name)]
@@ -1051,16 +1674,23 @@ def run_bench(*, quick=False, out=None, out_dir=DEFAULT_OUT_DIR, methods=METHOD_
     versions = _versions()
     commit, commit_source, dirty = resolve_commit()
     log(f"triton-mla-sparse bench on {dev_name}: torch {versions['torch']}, triton {versions['triton']}, commit "
-        f"{commit or 'unknown'}{' (dirty)' if dirty else ''}, {len(cases)} cases, methods {', '.join(methods)}"
-        + (" [cpu smoke]" if cpu_smoke else "") + (f", budget {budget_s:g} s" if budget_s else ""))
+        f"{commit or 'unknown'}{' (dirty)' if dirty else ''}, {len(cases)} cases ({', '.join(kinds)}), methods "
+        f"{', '.join(methods)}" + (" [cpu smoke]" if cpu_smoke else "")
+        + (f", budget {budget_s:g} s" if budget_s else ""))
 
-    # Peers: load what the requested methods need, and say where each came from (or why it is missing).
-    wanted = [m for m in methods if m in EXTERNAL_PEERS]
+    # Peers: load what the requested methods need for the case groups that run, and say where each came from (or
+    # why it is missing).
+    groups = {case_group(c) for c in cases}
+    wanted = [m for m in methods if m in EXTERNAL_PEERS
+              and ("indexer" if m in DEEPGEMM_KEYS else "attention") in groups]
     if peers is None:
-        peers = load_peers(peers_dir, use_vllm=use_vllm, wanted=wanted) if wanted else Peers()
+        peers = load_peers(peers_dir, use_vllm=use_vllm, wanted=wanted, deepgemm_dir=deepgemm_dir) if wanted \
+            else Peers()
     peer_status = {}
-    if "torch" in methods:
-        peer_status["torch"] = "built in (gather + matmul + softmax in q's dtype)"
+    if "torch" in methods and groups:
+        parts = (["gather + matmul + softmax in q's dtype"] if "attention" in groups else []) + (
+            ["indexer: paged gather, bf16 matmul, relu, weighted head sum, torch.topk"] if "indexer" in groups else [])
+        peer_status["torch"] = f"built in ({'; '.join(parts)})"
     for m in wanted:
         peer_status[m] = peers.status.get(m, "not available: not loaded")
     if peer_status:
@@ -1090,7 +1720,7 @@ def run_bench(*, quick=False, out=None, out_dir=DEFAULT_OUT_DIR, methods=METHOD_
         "device": dev_name, "date": date, "time": now.isoformat(timespec="seconds"),
         "torch": versions["torch"], "triton": versions["triton"], "python": versions["python"],
         "commit": commit, "commit_source": commit_source, "commit_dirty": dirty,
-        "quick": bool(quick), "cpu_smoke": bool(cpu_smoke),
+        "quick": bool(quick), "cpu_smoke": bool(cpu_smoke), "kinds": list(kinds),
         "multiprocessors": torch.cuda.get_device_properties(device).multi_processor_count if cuda else None,
         "ceilings": ceilings, "peers": peer_status, "methods": list(methods), "cases": results, "failed": [],
         "complete": False, "elapsed_s": None,
@@ -1118,7 +1748,8 @@ def run_bench(*, quick=False, out=None, out_dir=DEFAULT_OUT_DIR, methods=METHOD_
             except OSError as e:
                 log(f"  could not write {out}: {e}")
     failed = [r["name"] for r in results
-              if r.get("error") or ("ours" in r["methods"] and r["methods"]["ours"].get("error"))]
+              if r.get("error") or any(m in r["methods"] and r["methods"][m].get("error")
+                                       for m in ("ours", "ours_logits"))]
     doc.update(failed=failed, complete=not cut_short, elapsed_s=time.perf_counter() - t_start)
     log("")
     log(format_table(results, ceilings))
@@ -1166,7 +1797,8 @@ def _ratio(a, b) -> float | None:
 
 
 def _case_key(c: dict) -> tuple:
-    return (c.get("kind"), c.get("heads"), c.get("rows"), c.get("kv_format"), c.get("ctx"), c.get("topk"))
+    return (c.get("kind"), c.get("phase"), c.get("heads"), c.get("rows"), c.get("kv_format"), c.get("ctx"),
+            c.get("topk"))
 
 
 def _find_case(doc: dict, **sel) -> dict | None:
@@ -1194,24 +1826,37 @@ def _doc_label(doc: dict) -> str:
     return f"{doc.get('device', '?')}, {doc.get('date', '?')}, commit {_commit_of(doc)[:12]}"
 
 
+def ours_for(case_rec: dict | None, peer: str) -> str:
+    """The method of ours a peer is compared with: in indexer cases DeepGEMM's logits-only ``deepgemm`` against
+    ``ours_logits``; everything else against ``ours`` (for indexer cases: logits + top-k)."""
+    if (case_rec or {}).get("kind") == "indexer" and peer == "deepgemm":
+        return "ours_logits"
+    return "ours"
+
+
+def _is_ours(m: str) -> bool:
+    return m == "ours" or m == "ours_logits"
+
+
 def ratio_rows(doc: dict) -> list[dict]:
     """Per case: ours ms and ``ours ÷ peer`` for every peer present (do_bench ms; ``graph`` for decode cases where
-    both have a CUDA-graph time). A peer present with an error has ratio None and its error text."""
+    both have a CUDA-graph time). A peer present with an error has ratio None and its error text. In indexer cases
+    ``deepgemm`` (logits only) is divided into ``ours_logits``, the others into ``ours`` (:func:`ours_for`)."""
     rows = []
     for c in doc.get("cases") or []:
         methods = c.get("methods") or {}
         ours = _method_ms(c, "ours")
-        ours_g = _method_ms(c, "ours", "graph_ms")
         r = {"case": c.get("name"), "kind": c.get("kind"), "ours_ms": ours, "ratios": {}, "graph_ratios": {},
              "errors": {}}
         for p in methods:
-            if p == "ours":
+            if _is_ours(p):
                 continue
             m = methods[p] or {}
             if m.get("error"):
                 r["errors"][p] = m["error"]
-            r["ratios"][p] = _ratio(ours, _method_ms(c, p))
-            r["graph_ratios"][p] = _ratio(ours_g, _method_ms(c, p, "graph_ms"))
+            mine = ours_for(c, p)
+            r["ratios"][p] = _ratio(_method_ms(c, mine), _method_ms(c, p))
+            r["graph_ratios"][p] = _ratio(_method_ms(c, mine, "graph_ms"), _method_ms(c, p, "graph_ms"))
         rows.append(r)
     return rows
 
@@ -1224,8 +1869,10 @@ def _cell(r, g=None, width=14) -> str:
 
 def ratios_text(doc: dict) -> str:
     """Table: per case, ours ms and ours ÷ each peer (< 1: ours is faster); ``g``: the same under CUDA graphs."""
-    peers = [m for m in _methods_in(doc) if m != "ours"]
+    peers = [m for m in _methods_in(doc) if not _is_ours(m)]
     lines = [f"ours / peer (do_bench ms; < 1 means ours is faster; g = CUDA-graph times) -- {_doc_label(doc)}"]
+    if any(c.get("kind") == "indexer" for c in doc.get("cases") or []):
+        lines.append("  indexer cases: ours = logits + top-k; /deepgemm is ours_logits / deepgemm (logits only)")
     hdr = f"{'case':<37} {'ours ms':>9} " + " ".join(f"{'/' + p:>18}" for p in peers)
     lines += [hdr, "-" * len(hdr)]
     for r in ratio_rows(doc):
@@ -1293,6 +1940,14 @@ def _pre(heads, fmt="bf16"):
     return {"kind": "prefill", "heads": heads, "kv_format": fmt}
 
 
+def _idx(phase, heads, ctx=32768, rows=None):
+    return {"kind": "indexer", "phase": phase, "heads": heads, "ctx": ctx,
+            "rows": rows if rows is not None else (64 if phase == "decode" else 4096)}
+
+
+_IDX_DEC = [(h, c) for h in (64, 32) for c in (32768, 131072)]
+
+
 BEST_PEER = "best peer"
 TARGETS = [
     ("decode h8 & h16 B=64 bf16: ours / best peer",
@@ -1312,7 +1967,27 @@ TARGETS = [
     ("every case: ours / page1_triton", "every case:page1_triton", 0.33, 0.15),
     ("decode h16 B=64: ours fp8 / ours bf16",
      [(_dec(16, "fp8_ds_mla"), "ours", _dec(16, "bf16"), "ours")], 0.70, 0.60),
+    # DSA indexer (issue #6): decode B=64 at Hi 64/32 and 32K/128K contexts; prefill 4096 rows over 32K at Hi 64/32.
+    ("indexer decode logits: ours_logits / deepgemm",
+     [(_idx("decode", h, c), "ours_logits", _idx("decode", h, c), "deepgemm") for h, c in _IDX_DEC], 1.30, 1.00),
+    ("indexer decode +top-k: ours / deepgemm_topk",
+     [(_idx("decode", h, c), "ours", _idx("decode", h, c), "deepgemm_topk") for h, c in _IDX_DEC], 1.00, 0.70),
+    ("indexer prefill logits: ours_logits / deepgemm",
+     [(_idx("prefill", h), "ours_logits", _idx("prefill", h), "deepgemm") for h in (64, 32)], 2.50, 1.30),
+    ("indexer prefill +top-k: ours / deepgemm_topk",
+     [(_idx("prefill", h), "ours", _idx("prefill", h), "deepgemm_topk") for h in (64, 32)], 1.30, 0.90),
 ]
+
+
+def target_group(spec) -> str:
+    """``"indexer"`` for a target over indexer cases, else ``"attention"``."""
+    if isinstance(spec, str):
+        return "attention"
+    return "indexer" if any(nsel.get("kind") == "indexer" for nsel, _, _, _ in spec) else "attention"
+
+
+def _groups_in(doc: dict) -> set[str]:
+    return {case_group(c) for c in doc.get("cases") or [] if isinstance(c, dict)}
 
 
 def _best_peer(c: dict, key: str = "ms") -> tuple[str | None, float | None]:
@@ -1345,9 +2020,14 @@ def _why_missing(c: dict | None, m: str) -> str:
 
 def target_rows(doc: dict) -> list[dict]:
     """One row per (target, case): ``ratio`` (do_bench ms), ``graph_ratio`` (decode, both graph-timed), ``limit``,
-    ``goal``, ``status`` PASS / FAIL / n/a, ``goal_met``, ``note`` (which peer, or why n/a)."""
+    ``goal``, ``status`` PASS / FAIL / n/a, ``goal_met``, ``note`` (which peer, or why n/a). The targets of a case
+    group (attention / indexer, :func:`target_group`) are left out when the results have cases but none of that
+    group (e.g. a ``--kinds indexer`` run)."""
     out = []
+    groups = _groups_in(doc)
     for label, spec, limit, goal in TARGETS:
+        if groups and target_group(spec) not in groups:
+            continue
         pairs = []
         if isinstance(spec, str):  # every case that has the peer
             peer = spec.split(":", 1)[1]
@@ -1382,8 +2062,7 @@ def target_rows(doc: dict) -> list[dict]:
             if alt is not None and num is not None:
                 extra = f"vs page1 as sweep.py called it (default scales): {num / alt:.2f}"
                 note = f"{note}; {extra}" if note else extra
-            kind = (nc or {}).get("kind")
-            g = _ratio(num_g, den_g) if kind == "decode" else None
+            g = _ratio(num_g, den_g) if nc and _graph_timed(nc) else None
             eps = 1e-9  # a ratio equal to the limit passes, whatever the float rounding
             status = "n/a" if ratio is None else ("PASS" if ratio <= limit + eps else "FAIL")
             out.append({"target": label, "case": name, "ratio": ratio, "graph_ratio": g, "limit": limit, "goal": goal,
@@ -1395,6 +2074,10 @@ def targets_text(doc: dict) -> str:
     rows = target_rows(doc)
     lines = [f"targets (ours / peer, do_bench ms; PASS = ratio <= limit; goal: where the issue wants it; graph = the "
              f"same with CUDA-graph times) -- {_doc_label(doc)}"]
+    groups = _groups_in(doc)
+    skipped = sorted({target_group(spec) for _, spec, _, _ in TARGETS} - groups) if groups else []
+    if skipped:
+        lines.append(f"  ({' and '.join(skipped)} targets left out: no such cases in these results)")
     hdr = (f"{'target':<46} {'case':<40} {'ratio':>6} {'graph':>6} {'limit':>6} {'goal':>5} {'status':<6} "
            f"{'goal?':<5} note")
     lines += [hdr, "-" * len(hdr)]
@@ -1414,7 +2097,8 @@ def targets_text(doc: dict) -> str:
 # ----------------------------------------------------------------------------------------------------- plot
 
 METHOD_COLORS = {"ours": "#d62728", "torch": "#7f7f7f", "page1_triton": "#2ca02c", "flashmla_bf16": "#1f77b4",
-                 "flashmla_fp8": "#9467bd"}
+                 "flashmla_fp8": "#9467bd", "ours_logits": "#ff9896", "deepgemm": "#ff7f0e",
+                 "deepgemm_topk": "#8c564b"}
 
 
 def plot_results(doc_or_path, png: str | None = None, *, log=print) -> str | None:
@@ -1466,6 +2150,9 @@ def plot_results(doc_or_path, png: str | None = None, *, log=print) -> str | Non
     ax.set_yscale("log")
     if all_ms:
         ax.set_ylim(bottom=lo / 3.5, top=max(all_ms) * 2.0)
+    for i in range(1, len(cases)):  # a dashed line between the attention and the indexer cases
+        if case_group(cases[i]) != case_group(cases[i - 1]):
+            ax.axvline(i - 0.5, color="#555555", linestyle="--", linewidth=0.8, zorder=2)
     ax.set_xticks(range(len(cases)))
     ax.set_xticklabels([c.get("name", "?") for c in cases], rotation=55, ha="right", fontsize=7)
     ax.set_xlim(-0.6, len(cases) - 0.4)
@@ -1477,7 +2164,8 @@ def plot_results(doc_or_path, png: str | None = None, *, log=print) -> str | Non
         ax.legend(handles=handles, fontsize=8, ncol=min(5, n_m), loc="upper left")
     if not all_ms:
         ax.text(0.5, 0.5, "no timings", transform=ax.transAxes, ha="center")
-    fig.text(0.01, 0.01, "× = applies but errored / not available (see JSON)", fontsize=7, color="#555555")
+    fig.text(0.01, 0.01, "× = applies but errored / not available (see JSON); indexer cases: ours = logits + top-k, "
+             "ours_logits / deepgemm = logits only", fontsize=7, color="#555555")
     fig.tight_layout()
     d = os.path.dirname(os.path.abspath(png))
     os.makedirs(d, exist_ok=True)
@@ -1507,5 +2195,9 @@ def report_main(*, plot=None, png=None, targets=None, compare=None, against=None
     return 0
 
 
+__all__ += ["indexer_case", "IndexerInputs", "build_indexer_inputs", "encode_indexer_cache", "indexer_reference",
+            "indexer_error", "check_output", "case_tolerance", "case_group", "target_group", "ours_for", "KINDS",
+            "INDEXER_KV_FORMAT", "INDEXER_METHOD_KEYS", "INDEXER_TOL", "DEEPGEMM_KEYS", "resolve_deepgemm_dir",
+            "deepgemm_jit_cache_dir"]
 __all__ += ["decode_case", "prefill_case", "git_commit", "time_do_bench", "time_graph", "time_wall", "time_events",
             "graph_replays", "report_main", "write_json", "utc_date", "BEST_PEER", "METHOD_COLORS"]

@@ -67,7 +67,9 @@ def arch_for_device(device: torch.device) -> Arch | None:
     return arch_for_capability(torch.cuda.get_device_capability(device))
 
 
+@functools.lru_cache(maxsize=None)
 def describe_device(device: torch.device) -> str:
+    """"compute capability X.Y" (CUDA) or the gfx name (ROCm) of a device; cached per device."""
     if getattr(torch.version, "hip", None):
         return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
     major, minor = torch.cuda.get_device_capability(device)

@@ -54,10 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "flashmla_fp8; peers where they apply and load), accuracy vs the float32 reference first, then\n"
                     "do_bench medians (and CUDA-graph replay for decode), against the device copy bandwidth and\n"
                     "bf16 matmul rate measured in the same run. Writes benchmarks/results/<gpu>-<date>.json and a\n"
-                    "PNG plot beside it. Needs a CUDA GPU (exit 2 otherwise), except the report modes.",
+                    "PNG plot beside it. Needs a CUDA GPU (exit 2 otherwise), except the report modes.\n"
+                    "Two kinds of cases (--kinds): attention (sparse MLA decode / prefill) and indexer (the DSA\n"
+                    "lightning indexer: ours = logits + top-k, ours_logits, DeepGEMM logits (deepgemm) and\n"
+                    "DeepGEMM + torch.topk (deepgemm_topk), torch).",
         epilog="peers are loaded from --peers DIR, else $TMS_PEERS_DIR, else ./.peers when it exists (made by\n"
                "../shared/tools/get-peers.sh), else an installed vLLM; each is reported as loaded (and from where)\n"
-               "or not available (and why).\n"
+               "or not available (and why). DeepGEMM (indexer cases) from --deepgemm-dir DIR, else\n"
+               "$TMS_DEEPGEMM_DIR, else <peers folder>-deepgemm / ./.peers-deepgemm (get-peers.sh --deepgemm),\n"
+               "else vllm.third_party.deep_gemm; $DG_JIT_CACHE_DIR defaults to a folder in the temp dir.\n"
                "report modes (no GPU):\n"
                "  triton-mla-sparse bench --plot RESULTS.json [--png OUT.png]\n"
                "  triton-mla-sparse bench --targets RESULTS.json\n"
@@ -68,10 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="results JSON (default: OUT_DIR/<gpu>-<YYYY-MM-DD>.json); the PNG goes beside it")
     b.add_argument("--out-dir", metavar="DIR", default=os.path.join("benchmarks", "results"),
                    help="folder of the default results file (default: benchmarks/results)")
-    b.add_argument("--methods", default="ours,torch,page1_triton,flashmla_bf16,flashmla_fp8",
-                   help="comma-separated methods to run (default: all five; peers only where they apply)")
+    b.add_argument("--methods",
+                   default="ours,torch,page1_triton,flashmla_bf16,flashmla_fp8,ours_logits,deepgemm,deepgemm_topk",
+                   help="comma-separated methods to run (default: all eight; each only where it applies)")
+    b.add_argument("--kinds", metavar="KINDS",
+                   help="comma-separated case groups to run: attention, indexer (default: $TMS_BENCH_KINDS, else "
+                        "both)")
     b.add_argument("--peers", metavar="DIR",
                    help="folder with the peer modules (default: $TMS_PEERS_DIR, else ./.peers, else installed vLLM)")
+    b.add_argument("--deepgemm-dir", metavar="DIR",
+                   help="folder holding the deep_gemm package (default: $TMS_DEEPGEMM_DIR, else the peers folder's "
+                        "-deepgemm sibling / ./.peers-deepgemm, else installed vLLM)")
     b.add_argument("--filter", metavar="REGEX", help="only the cases whose name matches this regular expression")
     b.add_argument("--seed", type=int, default=0, help="random seed of the generated inputs (default 0)")
     b.add_argument("--budget", type=float, metavar="SECONDS",
@@ -120,9 +132,10 @@ def _bench(args) -> int:
     from .bench import run_bench
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    kinds = args.kinds or os.environ.get("TMS_BENCH_KINDS") or None
     return run_bench(quick=args.quick, out=args.out, out_dir=args.out_dir, methods=methods, case_filter=args.filter,
                      seed=args.seed, cpu_smoke=args.cpu_smoke, peers_dir=args.peers, budget_s=args.budget,
-                     plot=not args.no_plot, compare=args.compare)
+                     plot=not args.no_plot, compare=args.compare, kinds=kinds, deepgemm_dir=args.deepgemm_dir)
 
 
 def _version() -> str:

@@ -158,7 +158,8 @@ def _check_out(out, dtype, shape, device):
 @dataclass(frozen=True)
 class IndexerConfig:
     block_h: int  # heads padded to a power of two >= 16 (one dot per tile)
-    block_k: int  # positions per logits program
+    block_k: int  # positions per tile (one dot)
+    chunk_tiles: int  # tiles per logits program (q and weights loaded once per chunk)
     num_warps: int
     num_stages: int
     use_fp8_dot: bool  # fp8 q and fp8 cache on a GPU with fp8 tensor cores: dot on e4m3 operands
@@ -168,28 +169,35 @@ class IndexerConfig:
     select_warps: int
 
 
+def indexer_config_for(arch, *, hi: int, q_fp8: bool, k_fp8: bool, dot_bf16: bool) -> IndexerConfig:
+    """The launch parameters on ``arch`` (a :class:`~triton_mla_sparse.capabilities.Arch`; None: Triton's
+    interpreter) for ``hi`` index heads: a pure function, shared by the launch and the AOT compile matrix."""
+    block_h = max(16, 1 << max(0, (hi - 1).bit_length()))
+    if arch is None:  # interpreter: small tiles and chunks so tests cover several of each
+        return IndexerConfig(block_h=block_h, block_k=32, chunk_tiles=2, num_warps=4, num_stages=1,
+                             use_fp8_dot=False, dot_bf16=dot_bf16, sw_fp8=False, select_block=128, select_warps=4)
+    fp8_dot = q_fp8 and k_fp8 and arch.fp8_hw and (arch.backend != "cuda" or int(arch.target) >= 89)
+    # one warpgroup per program on Hopper/Blackwell (wgmma); 8 warps elsewhere (sm120 spills with 4 at 32 heads)
+    warps = 4 if arch.name in ("sm90", "sm100") else 8
+    return IndexerConfig(block_h=block_h, block_k=64, chunk_tiles=64, num_warps=warps, num_stages=3,
+                         use_fp8_dot=fp8_dot, dot_bf16=dot_bf16, sw_fp8=(q_fp8 or k_fp8) and not arch.fp8_hw,
+                         select_block=1024, select_warps=8)
+
+
 def choose_indexer_config(p: IndexerProblem, **overrides) -> IndexerConfig:
     """Launch parameters for the indexer kernels (a pure function of the device and the problem's shape)."""
     from .kernels.configs import interpreting
 
     dev = p.device
-    block_h = max(16, 1 << max(0, (p.Hi - 1).bit_length()))
-    has_fp8 = p.q_fp8 or p.k_fp8
     dot_bf16 = p.q.dtype == torch.bfloat16 or (p.q_fp8 and not p.k_fp8 and p.k.dtype == torch.bfloat16)
-    if dev.type != "cuda" or interpreting():
-        cfg = IndexerConfig(block_h=block_h, block_k=32, num_warps=4, num_stages=1, use_fp8_dot=False,
-                            dot_bf16=dot_bf16, sw_fp8=False, select_block=128, select_warps=4)
-    else:
+    arch = None
+    if dev.type == "cuda" and not interpreting():
         from .capabilities import arch_for_device, describe_device
 
         arch = arch_for_device(dev)
         if arch is None:
             raise ValueError(f"q: {describe_device(dev)} is not a declared architecture of triton_mla_sparse")
-        fp8_dot = (p.q_fp8 and p.k_fp8 and arch.fp8_hw and
-                   (arch.backend != "cuda" or int(arch.target) >= 89))
-        cfg = IndexerConfig(block_h=block_h, block_k=64, num_warps=4, num_stages=2, use_fp8_dot=fp8_dot,
-                            dot_bf16=dot_bf16, sw_fp8=has_fp8 and not arch.fp8_hw, select_block=1024,
-                            select_warps=8)
+    cfg = indexer_config_for(arch, hi=p.Hi, q_fp8=p.q_fp8, k_fp8=p.k_fp8, dot_bf16=dot_bf16)
     if overrides:
         from dataclasses import replace
 
@@ -200,9 +208,9 @@ def choose_indexer_config(p: IndexerProblem, **overrides) -> IndexerConfig:
 def _launch_logits(p: IndexerProblem, out: torch.Tensor, cfg: IndexerConfig) -> None:
     from .kernels.indexer import launch_indexer_logits
 
-    n_kb = -(-out.shape[1] // cfg.block_k)
-    if p.T * n_kb > MAX_GRID:
-        _fail("max_len", f"rows · ceil(max_len / {cfg.block_k}) <= {MAX_GRID} programs (split the rows)",
+    chunk = cfg.block_k * cfg.chunk_tiles
+    if p.T * -(-out.shape[1] // chunk) > MAX_GRID:
+        _fail("max_len", f"rows · ceil(max_len / {chunk}) <= {MAX_GRID} programs (split the rows)",
               f"{p.T} rows and max_len {out.shape[1]}")
     launch_indexer_logits(p, out, cfg)
 

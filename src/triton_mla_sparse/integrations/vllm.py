@@ -30,6 +30,10 @@ parses arguments. ``register`` is idempotent and never changes vLLM's files. It
    If vLLM's function does not have the signature this plugin was written against, one warning is logged and only
    the automatic-selection part is skipped: the backend stays registered by name.
 
+3. on the CUDA platform, registers the DSA lightning indexer on Triton (``SparseAttnIndexer`` out of tree) for GPUs
+   where DeepGEMM is not usable; ``TRITON_MLA_SPARSE_INDEXER=auto|always|off``, see
+   :mod:`triton_mla_sparse.integrations.vllm_indexer`.
+
 This module does not import vLLM at import time (the ``select`` command uses its policy without vLLM).
 """
 
@@ -52,12 +56,16 @@ __all__ = [
     "register",
     "install_priority_hook",
     "static_reasons",
+    "install_indexer",
 ]
 
 BACKEND_NAME = "TRITON_MLA_SPARSE"
 BACKEND_CLASS_PATH = "triton_mla_sparse.integrations.vllm_backend.TritonMLASparseBackend"
 PRIORITY_ENV = "TRITON_MLA_SPARSE_PRIORITY"
 PRIORITY_MODES = ("default", "first", "off")
+#: The DSA indexer switch (see triton_mla_sparse.integrations.vllm_indexer).
+INDEXER_ENV = "TRITON_MLA_SPARSE_INDEXER"
+INDEXER_MODES = ("auto", "always", "off")
 #: The one vLLM sparse backend that precedes ours on SM 12.x.
 SM120_PEER = "FLASHINFER_MLA_SPARSE_SM120"
 #: Lowest CUDA compute capability major the backend declares (see TritonMLASparseBackend).
@@ -258,6 +266,26 @@ def install_priority_hook(module=None) -> bool:
     return True
 
 
+def install_indexer() -> bool:
+    """Register the Triton DSA indexer with vLLM (see :mod:`.vllm_indexer`) unless ``TRITON_MLA_SPARSE_INDEXER=off``
+    or (``auto``) the platform is not CUDA. Returns whether it is registered after the call."""
+    mode = os.environ.get(INDEXER_ENV, "").strip().lower() or "auto"
+    if mode not in INDEXER_MODES:
+        _warn_once(f"indexer:{mode}", "triton-mla-sparse: %s=%r is not one of %s; the Triton DSA indexer is not "
+                   "registered.", INDEXER_ENV, mode, INDEXER_MODES)
+        return False
+    if mode == "off":
+        return False
+    if mode == "auto":
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cuda():
+            return False
+    from .vllm_indexer import install
+
+    return install()
+
+
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. Idempotent; safe in every vLLM process and on every platform."""
     try:
@@ -270,3 +298,7 @@ def register() -> None:
     except Exception:
         logger.exception("triton-mla-sparse: could not add %s to vLLM's CUDA backend priorities; it stays "
                          "available through --attention-backend %s", BACKEND_NAME, BACKEND_NAME)
+    try:
+        install_indexer()
+    except Exception:
+        logger.exception("triton-mla-sparse: could not register the Triton DSA indexer; vLLM's own indexer stays")

@@ -89,6 +89,55 @@ def compile_combine(arch, cfg: AttentionConfig, q_dtype: str = "bf16"):
     return triton.compile(src, target=target_for(arch), options=dict(num_warps=cfg.combine_warps, num_stages=1))
 
 
+def _compile(fn, sig: dict, const: dict, divisible, arch, num_warps: int, num_stages: int):
+    """``triton.compile`` of ``fn`` with ``sig`` (name -> type), constexprs ``const`` and the 16-divisibility a
+    real launch gets for the names in ``divisible``."""
+    names = list(sig) + list(const)
+    full = dict(sig, **{k: "constexpr" for k in const})
+    consts = {(names.index(k),): v for k, v in const.items()}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    src = ASTSource(fn=fn, signature=full, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=target_for(arch), options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def compile_indexer_logits(arch, cfg, *, q_fp8: bool, k_fp8: bool):
+    """Compile the indexer logits kernel of ``cfg`` (an ``IndexerConfig``) for ``arch``."""
+    from . import indexer as I
+
+    q_t = "*u8" if q_fp8 else ("*bf16" if cfg.dot_bf16 else "*fp16")
+    k_t = "*u8" if k_fp8 else ("*bf16" if cfg.dot_bf16 else "*fp16")
+    sig = {"q_ptr": q_t, "w_ptr": "*fp32", "k_ptr": k_t, "bt_ptr": "*i32", "req_ptr": "*i32", "pos_ptr": "*i32",
+           "out_ptr": "*fp32"}
+    ints = ["stride_q_t", "stride_q_h", "stride_w_t", "stride_w_h", "stride_k_blk", "stride_k_row", "stride_bt_r",
+            "stride_bt_c", "stride_req", "stride_pos", "stride_o_t", "stride_o_p", "T", "Hi", "max_len",
+            "block_size", "num_blocks", "R", "max_blocks", "n_chunks", "chunk"]
+    sig.update({n: "i32" for n in ints})
+    const = dict(Q_FP8=q_fp8, K_FP8=k_fp8, USE_FP8_DOT=cfg.use_fp8_dot, DOT_BF16=cfg.dot_bf16, SW_FP8=cfg.sw_fp8,
+                 BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k)
+    div = list(sig)[:7] + ["stride_q_t", "stride_q_h", "stride_k_blk", "stride_k_row", "stride_o_t", "block_size"]
+    return _compile(I._indexer_logits_kernel, sig, const, div, arch, cfg.num_warps, cfg.num_stages)
+
+
+def compile_topk_select(arch, cfg):
+    """Compile the indexer's top-k selection kernel of ``cfg`` for ``arch``."""
+    from . import indexer as I
+
+    sig = {"x_ptr": "*fp32", "out_ptr": "*i32"}
+    sig.update({n: "i32" for n in ["stride_x_t", "stride_x_p", "stride_o_t", "stride_o_k", "T", "L", "topk"]})
+    return _compile(I._topk_select_kernel, sig, dict(BLOCK=cfg.select_block), ["x_ptr", "out_ptr", "stride_x_t"],
+                    arch, cfg.select_warps, 1)
+
+
+# The indexer builds the matrix checks: (heads, q format, k format). DeepSeek-V3.2 64 heads, GLM-5 32; fp8 is
+# vLLM's layout, bf16 the 16-bit alternative.
+INDEXER_BUILDS = ((64, "fp8", "fp8"), (32, "fp8", "fp8"), (64, "bf16", "bf16"))
+
+
+def indexer_matrix_entries():
+    return [(hi, qf, kf, kernel) for hi, qf, kf in INDEXER_BUILDS for kernel in ("indexer_logits",)] + \
+        [(0, "", "", "topk_select")]
+
+
 def _cuobjdump() -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
@@ -152,6 +201,18 @@ def compile_matrix(arch_name: str) -> list[dict]:
     except Exception as e:  # noqa: BLE001
         item["error"] = f"{type(e).__name__}: {e}"
     out.append(item)
+    from ..indexer import indexer_config_for
+
+    for hi, qf, kf, kernel in indexer_matrix_entries():
+        icfg = indexer_config_for(arch, hi=hi or 64, q_fp8=qf == "fp8", k_fp8=kf == "fp8", dot_bf16=qf == "bf16")
+        item = dict(arch=arch_name, hc=hi, cc=qf, fmt=kf, kernel=kernel, config=repr(icfg))
+        try:
+            built = (compile_topk_select(arch, icfg) if kernel == "topk_select" else
+                     compile_indexer_logits(arch, icfg, q_fp8=qf == "fp8", k_fp8=kf == "fp8"))
+            item.update(vars(report(arch, built)))
+        except Exception as e:  # noqa: BLE001
+            item["error"] = f"{type(e).__name__}: {e}"
+        out.append(item)
     return out
 
 

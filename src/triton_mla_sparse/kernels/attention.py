@@ -271,10 +271,10 @@ def _combine_kernel(
 _FMT_CODES = {"bf16": FMT_NATIVE, "fp16": FMT_NATIVE, "fp8_e4m3": FMT_FP8, "fp8_ds_mla": FMT_FP8_DS_MLA}
 
 
-def launch_sparse_mla(p, cfg, out, lse):
+def launch_sparse_mla(p, cfg, out, lse=None):
     """Launch the kernel(s) of ``cfg`` for the validated problem ``p`` (an ``AttentionProblem``), writing ``out``
-    [T, H, 512] and ``lse`` [T, H] float32. No host synchronisation; the decode kernel allocates its float32
-    workspace of T · splits · H · 513 values."""
+    [T, H, 512] and ``lse`` [T, H] float32 (allocated when None); returns ``lse``. No host synchronisation; the
+    decode kernel allocates one float32 workspace of T · splits · H · 513 values (+ T · H for an unrequested lse)."""
     import torch
 
     T, H = p.T, p.H
@@ -290,8 +290,19 @@ def launch_sparse_mla(p, cfg, out, lse):
     k_scale_t = p.k_scale if k_scale_ptr else q_nope  # dummy pointer when unused
     k_scale_f = float(p.k_scale) if (p.k_scale is not None and not k_scale_ptr) else 1.0
     topk_len = p.topk_length if p.topk_length is not None else p.indices
-    sink = p.attn_sink if p.attn_sink is not None else lse
     n_hb = triton.cdiv(H, cfg.block_h)
+    ns = cfg.num_splits if cfg.kernel == "decode" else 1
+    if cfg.kernel == "decode":
+        # one allocation: partial outputs, partial lse values and (when the caller did not ask for it) the lse
+        n_o, n_l = T * ns * H * 512, -(-T * ns * H // 4) * 4  # 16-byte aligned pieces
+        work = torch.empty(n_o + n_l + (T * H if lse is None else 0), dtype=torch.float32, device=out.device)
+        part_o = work[:n_o].view(T, ns, H, 512)
+        part_lse = work[n_o:n_o + T * ns * H].view(T, ns, H)
+        if lse is None:
+            lse = work[n_o + n_l:].view(T, H)
+    elif lse is None:
+        lse = torch.empty(T, H, dtype=torch.float32, device=out.device)
+    sink = p.attn_sink if p.attn_sink is not None else lse
     common = dict(
         FMT=fmt, CONVERT=convert, HAS_ROPE=has_rope, HAS_TOPK_LEN=p.topk_length is not None,
         HAS_SINK=p.attn_sink is not None, K_SCALE_PTR=k_scale_ptr,
@@ -309,10 +320,7 @@ def launch_sparse_mla(p, cfg, out, lse):
             *args, out, lse, *qstrides,
             out.stride(0), 0, out.stride(1), lse.stride(0), 0, lse.stride(1),
             *sizes, 1, p.topk, *scales, SPLIT=False, **common)
-        return
-    ns = cfg.num_splits
-    part_o = torch.empty(T, ns, H, 512, dtype=torch.float32, device=out.device)
-    part_lse = torch.empty(T, ns, H, dtype=torch.float32, device=out.device)
+        return lse
     _sparse_mla_fwd_kernel[(T * ns, n_hb)](
         *args, part_o, part_lse, *qstrides,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
@@ -324,3 +332,4 @@ def launch_sparse_mla(p, cfg, out, lse):
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), sink.stride(0),
         H, ns, HAS_SINK=p.attn_sink is not None, BLOCK_H=cfg.combine_block_h, num_warps=cfg.combine_warps)
+    return lse

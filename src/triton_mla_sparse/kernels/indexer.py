@@ -37,61 +37,81 @@ def _to_dot(raw, IS_FP8: tl.constexpr, SW_FP8: tl.constexpr, DOT_BF16: tl.conste
         return x.to(tl.float16)
 
 
-@triton.jit(do_not_specialize=["T", "max_len", "num_blocks", "R", "max_blocks", "n_kb"])
+@triton.jit
+def _logits_tile(q_t, b_w, k_ptr, bt_row, o_k, pos, max_len, block_size, num_blocks, max_blocks, stride_bt_c,
+                 stride_k_blk, stride_k_row, o_d, K_FP8: tl.constexpr, Q_FP8: tl.constexpr,
+                 USE_FP8_DOT: tl.constexpr, DOT_BF16: tl.constexpr, SW_FP8: tl.constexpr):
+    """Logits [BLOCK_K] of request-local positions ``o_k`` for one row (q_t: its heads in dot form, b_w: their
+    weights); -inf where a position is not a candidate. Masked positions are never dereferenced."""
+    col = o_k // block_size
+    m_k = (o_k < max_len) & (o_k <= pos) & (col < max_blocks)
+    blk = tl.load(bt_row + tl.where(m_k, col, 0).to(tl.int64) * stride_bt_c, mask=m_k, other=-1)
+    m_k = m_k & (blk >= 0) & (blk < num_blocks)
+    blk = tl.where(m_k, blk, 0).to(tl.int64)
+    off = tl.where(m_k, o_k - col * block_size, 0).to(tl.int64)
+    p_blk = k_ptr + blk * stride_k_blk
+    b_k = tl.load((p_blk + off * stride_k_row)[:, None] + o_d[None, :], mask=m_k[:, None], other=0)
+    if USE_FP8_DOT:
+        b_s = tl.dot(q_t, tl.trans(b_k.to(tl.float8e4nv, bitcast=True)))
+    else:
+        b_s = tl.dot(q_t, tl.trans(_to_dot(b_k, K_FP8, SW_FP8, DOT_BF16)))
+    if K_FP8:
+        b_ks = tl.load((p_blk + block_size * 128 + off * 4).to(tl.pointer_type(tl.float32)), mask=m_k, other=0.0)
+        b_s = b_s * b_ks[None, :]
+    b_val = tl.sum(tl.maximum(b_s, 0.0) * b_w[:, None], 0)
+    return tl.where(m_k, b_val, float("-inf"))
+
+
+@triton.jit(do_not_specialize=["T", "max_len", "num_blocks", "R", "max_blocks", "n_chunks", "chunk"])
 def _indexer_logits_kernel(
     q_ptr, w_ptr, k_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr,
     stride_q_t, stride_q_h, stride_w_t, stride_w_h,
     stride_k_blk, stride_k_row,
     stride_bt_r, stride_bt_c, stride_req, stride_pos, stride_o_t, stride_o_p,
-    T, Hi, max_len, block_size, num_blocks, R, max_blocks, n_kb,
+    T, Hi, max_len, block_size, num_blocks, R, max_blocks, n_chunks, chunk,
     Q_FP8: tl.constexpr, K_FP8: tl.constexpr, USE_FP8_DOT: tl.constexpr, DOT_BF16: tl.constexpr,
     SW_FP8: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    """One program per (row, chunk of ``chunk`` positions, a multiple of BLOCK_K): q and the weights of the row
+    are loaded once, then the chunk's candidate tiles are computed in a (software-pipelined) loop and the rest of
+    the chunk is filled with -inf."""
     pid = tl.program_id(0)
-    i_t = (pid // n_kb).to(tl.int64)
-    i_kb = pid % n_kb
-    o_k = i_kb * BLOCK_K + tl.arange(0, BLOCK_K)  # request-local positions of this tile (max_len < 2^31)
-    m_out = o_k < max_len
+    i_t = (pid // n_chunks).to(tl.int64)
+    k0 = (pid % n_chunks) * chunk
+    k1 = tl.minimum(k0 + chunk, max_len)  # this program writes columns [k0, k1)
+    o_b = tl.arange(0, BLOCK_K)
+    p_o = out_ptr + i_t * stride_o_t
 
     pos = tl.load(pos_ptr + i_t * stride_pos)
     req = tl.load(req_ptr + i_t * stride_req)
     req_ok = (req >= 0) & (req < R)
-    req_safe = tl.where(req_ok, req, 0).to(tl.int64)
-
-    b_out = tl.full([BLOCK_K], float("-inf"), dtype=tl.float32)
-    if req_ok & (i_kb * BLOCK_K <= pos):
+    # candidate columns of this chunk: [k0, k_hi); none for a row with an invalid request id
+    k_hi = tl.where(req_ok, tl.minimum(k1 - 1, pos) + 1, k0)
+    k_hi = tl.maximum(k_hi, k0)
+    if k_hi > k0:
         o_h = tl.arange(0, BLOCK_H)
         m_h = o_h < Hi
         o_d = tl.arange(0, 128)
-
-        # Gather the tile through the block table; a column past the table, a block id outside [0, num_blocks)
-        # or a position past the row's own is never dereferenced.
-        col = o_k // block_size
-        m_k = m_out & (o_k <= pos) & (col < max_blocks)
-        blk = tl.load(bt_ptr + req_safe * stride_bt_r + tl.where(m_k, col, 0).to(tl.int64) * stride_bt_c,
-                      mask=m_k, other=-1)
-        m_k = m_k & (blk >= 0) & (blk < num_blocks)
-        blk = tl.where(m_k, blk, 0).to(tl.int64)
-        off = tl.where(m_k, o_k - col * block_size, 0).to(tl.int64)
-        p_blk = k_ptr + blk * stride_k_blk
-        b_k = tl.load((p_blk + off * stride_k_row)[:, None] + o_d[None, :], mask=m_k[:, None], other=0)
-        if K_FP8:
-            p_sc = (p_blk + block_size * 128 + off * 4).to(tl.pointer_type(tl.float32))
-            b_ks = tl.load(p_sc, mask=m_k, other=0.0)
-        else:
-            b_ks = tl.full([BLOCK_K], 1.0, dtype=tl.float32)
-
-        p_q = q_ptr + i_t * stride_q_t + o_h[:, None].to(tl.int64) * stride_q_h + o_d[None, :]
-        b_q = tl.load(p_q, mask=m_h[:, None], other=0)
+        b_q = tl.load(q_ptr + i_t * stride_q_t + o_h[:, None].to(tl.int64) * stride_q_h + o_d[None, :],
+                      mask=m_h[:, None], other=0)
         if USE_FP8_DOT:
-            b_s = tl.dot(b_q.to(tl.float8e4nv, bitcast=True), tl.trans(b_k.to(tl.float8e4nv, bitcast=True)))
+            q_t = b_q.to(tl.float8e4nv, bitcast=True)
         else:
-            b_s = tl.dot(_to_dot(b_q, Q_FP8, SW_FP8, DOT_BF16), tl.trans(_to_dot(b_k, K_FP8, SW_FP8, DOT_BF16)))
+            q_t = _to_dot(b_q, Q_FP8, SW_FP8, DOT_BF16)
         b_w = tl.load(w_ptr + i_t * stride_w_t + o_h * stride_w_h, mask=m_h, other=0.0)
-        b_s = tl.maximum(b_s * b_ks[None, :], 0.0)
-        b_val = tl.sum(b_s * b_w[:, None], 0)
-        b_out = tl.where(m_k, b_val, float("-inf"))
-    tl.store(out_ptr + i_t * stride_o_t + o_k.to(tl.int64) * stride_o_p, b_out, mask=m_out)
+        bt_row = bt_ptr + tl.where(req_ok, req, 0).to(tl.int64) * stride_bt_r
+        for kk in range(k0, k_hi, BLOCK_K):
+            o_k = kk + o_b
+            b_out = _logits_tile(q_t, b_w, k_ptr, bt_row, o_k, pos, max_len, block_size, num_blocks, max_blocks,
+                                 stride_bt_c, stride_k_blk, stride_k_row, o_d, K_FP8, Q_FP8, USE_FP8_DOT, DOT_BF16,
+                                 SW_FP8)
+            tl.store(p_o + o_k.to(tl.int64) * stride_o_p, b_out, mask=o_k < k1)
+    # the rest of the chunk (past the row's position): -inf
+    k_fill = k0 + tl.cdiv(k_hi - k0, BLOCK_K) * BLOCK_K
+    for kk in range(k_fill, k1, BLOCK_K):
+        o_k = kk + o_b
+        tl.store(p_o + o_k.to(tl.int64) * stride_o_p, tl.full([BLOCK_K], float("-inf"), dtype=tl.float32),
+                 mask=o_k < k1)
 
 
 @triton.jit
@@ -110,38 +130,36 @@ def _topk_select_kernel(
 ):
     i_t = tl.program_id(0).to(tl.int64)
     o_b = tl.arange(0, BLOCK)
+    bins = tl.arange(0, 256)
     p_x = x_ptr + i_t * stride_x_t
     key_ninf = _sortable_key(tl.full([BLOCK], float("-inf"), dtype=tl.float32))
 
-    # Candidates: finite-or-+inf logits (-inf = not a candidate). k_eff = min(topk, candidates).
-    n_cand = tl.zeros([], dtype=tl.int32)
-    for c0 in range(0, L, BLOCK):
-        o_p = c0 + o_b
-        x = tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
-        n_cand += tl.sum((_sortable_key(x) > key_ninf).to(tl.int32), 0)
-    need = tl.minimum(n_cand, topk)
-
-    # Bitwise binary search for tau = the need-th largest key: the largest value v with count(key >= v) >= need.
+    # Radix select of tau = the need-th largest key (need = min(topk, candidates); -inf is not a candidate), one
+    # byte of the 32-bit key per pass from the top: a 256-bin histogram of that byte among the keys that match
+    # the bytes fixed so far, then the bin where the count from the top reaches what is still needed.
     prefix = tl.zeros([], dtype=tl.int64)
-    for i in range(32):
-        cand = prefix | (tl.full([], 1, dtype=tl.int64) << (31 - i))
-        cnt = tl.zeros([], dtype=tl.int32)
+    need = tl.zeros([], dtype=tl.int32)
+    left = tl.zeros([], dtype=tl.int32)  # still to take among keys matching the prefix
+    for d in tl.static_range(4):
+        shift = 24 - 8 * d
+        hist = tl.zeros([256], dtype=tl.int32)
         for c0 in range(0, L, BLOCK):
             o_p = c0 + o_b
             x = tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
             key = _sortable_key(x)
-            cnt += tl.sum(((key >= cand) & (key > key_ninf)).to(tl.int32), 0)
-        prefix = tl.where(cnt >= need, cand, prefix)
+            match = key > key_ninf
+            if d > 0:
+                match = match & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+            hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
+        if d == 0:
+            need = tl.minimum(tl.sum(hist, 0), topk)
+            left = need
+        above = tl.sum(hist, 0) - tl.cumsum(hist, 0)  # keys of this pass with a larger byte
+        b = tl.max(tl.where(above + hist >= left, bins, 0), 0)
+        left = left - tl.sum(tl.where(bins == b, above, 0), 0)
+        prefix = prefix | (b.to(tl.int64) << shift)
     tau = prefix
-
-    # Count the keys above tau; the remaining slots go to keys equal to tau, in position order.
-    n_gt = tl.zeros([], dtype=tl.int32)
-    for c0 in range(0, L, BLOCK):
-        o_p = c0 + o_b
-        x = tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
-        key = _sortable_key(x)
-        n_gt += tl.sum(((key > tau) & (key > key_ninf)).to(tl.int32), 0)
-    n_eq_take = need - n_gt
+    n_eq_take = left  # keys equal to tau to take, in position order, after every key above tau
 
     p_o = out_ptr + i_t * stride_o_t
     base = tl.zeros([], dtype=tl.int32)
@@ -170,18 +188,20 @@ def launch_indexer_logits(p, out, cfg):
     import torch
 
     T, max_len = p.T, out.shape[1]
-    n_kb = triton.cdiv(max_len, cfg.block_k)
-    if T == 0 or n_kb == 0:
+    chunk = cfg.block_k * cfg.chunk_tiles
+    n_chunks = triton.cdiv(max_len, chunk)
+    if T == 0 or n_chunks == 0:
         return
     q = p.q.view(torch.uint8) if p.q_fp8 else p.q
     k = p.k
-    _indexer_logits_kernel[(T * n_kb,)](
+    _indexer_logits_kernel[(T * n_chunks,)](
         q, p.weights, k, p.block_table, p.req_id_per_token, p.positions, out,
         q.stride(0), q.stride(1), p.weights.stride(0), p.weights.stride(1),
         p.k_block_stride, p.k_row_stride,
         p.block_table.stride(0), p.block_table.stride(1), p.req_id_per_token.stride(0), p.positions.stride(0),
         out.stride(0), out.stride(1),
-        T, p.Hi, max_len, p.block_size, p.num_blocks, p.block_table.shape[0], p.block_table.shape[1], n_kb,
+        T, p.Hi, max_len, p.block_size, p.num_blocks, p.block_table.shape[0], p.block_table.shape[1], n_chunks,
+        chunk,
         Q_FP8=p.q_fp8, K_FP8=p.k_fp8, USE_FP8_DOT=cfg.use_fp8_dot, DOT_BF16=cfg.dot_bf16, SW_FP8=cfg.sw_fp8,
         BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

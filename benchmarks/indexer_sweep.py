@@ -1,0 +1,84 @@
+"""Sweep the indexer kernels' launch parameters on the GPU (offline tuning aid; prints a table, writes nothing).
+
+    python benchmarks/indexer_sweep.py [--quick]
+
+Cases: decode (64 requests, one row each at the end of a 32K / 128K context) and prefill (4096 causal rows over
+32K), 64 and 32 fp8 index heads, paged block 64. Times (do_bench median, ms) the logits kernel for each
+(block_k, chunk_tiles, num_warps, num_stages) and the selection (ours vs torch.topk) on the same logits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import triton
+
+from triton_mla_sparse import indexer as I
+from triton_mla_sparse.kernels.indexer import launch_topk_select
+
+D, BS, TOPK = 128, 64, 2048
+
+
+def make(kind, Hi, ctx, rows=4096, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    if kind == "decode":
+        R = 64
+        req = torch.arange(R, dtype=torch.int32, device="cuda")
+        pos = torch.full((R,), ctx - 1, dtype=torch.int32, device="cuda")
+    else:
+        R = 1
+        req = torch.zeros(rows, dtype=torch.int32, device="cuda")
+        pos = torch.arange(ctx - rows, ctx, dtype=torch.int32, device="cuda")
+    T = req.shape[0]
+    mb = ctx // BS
+    nb = R * mb
+    bt = torch.randperm(nb, generator=g, device="cuda").reshape(R, mb).to(torch.int32)
+    k = torch.randint(0, 255, (nb, BS * (D + 4)), dtype=torch.uint8, device="cuda", generator=g)
+    k[:, BS * D:] = torch.rand(nb, BS, device="cuda", generator=g).float().contiguous().view(torch.uint8).view(nb, -1)
+    k[:, :BS * D] = (torch.randn(nb, BS * D, device="cuda", generator=g) * 3).to(torch.float8_e4m3fn).view(torch.uint8)
+    q = (torch.randn(T, Hi, D, device="cuda", generator=g) * 3).to(torch.float8_e4m3fn)
+    w = torch.randn(T, Hi, device="cuda", generator=g)
+    return (q, w, k, bt, req, pos), ctx
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    cases = [("decode", 64, 32768), ("decode", 64, 131072), ("decode", 32, 131072), ("prefill", 64, 32768),
+             ("prefill", 32, 32768)]
+    grid = list(itertools.product((64, 128), (16, 64), (4, 8), (2, 3, 4)))
+    if a.quick:
+        grid = [(64, 64, 4, 3), (128, 32, 4, 3), (64, 16, 4, 3), (64, 64, 8, 3), (128, 32, 8, 3)]
+    for kind, Hi, ctx in cases:
+        args, L = make(kind, Hi, ctx)
+        p = I.check_indexer_inputs(*args)
+        out = torch.empty(p.T, L, dtype=torch.float32, device="cuda")
+        res = []
+        for bk, ct, w, st in grid:
+            cfg = I.choose_indexer_config(p, block_k=bk, chunk_tiles=ct, num_warps=w, num_stages=st)
+            try:
+                I._launch_logits(p, out, cfg)
+                ms = triton.testing.do_bench(lambda: I._launch_logits(p, out, cfg), warmup=5, rep=40)
+            except Exception as e:  # noqa: BLE001
+                print(f"{kind} h{Hi} {ctx}: bk{bk} ct{ct} w{w} s{st} failed: {type(e).__name__}: {str(e)[:200]}")
+                continue
+            gbps = p.T * (ctx if kind == "decode" else ctx - 2048) * (D + 4) / ms / 1e6
+            res.append((ms, bk, ct, w, st, gbps))
+        res.sort()
+        for ms, bk, ct, w, st, gbps in res[:6]:
+            print(f"{kind} h{Hi} ctx{ctx}: logits {ms:.4f} ms  bk{bk} ct{ct} w{w} s{st}  ({gbps:.0f} GB/s of K)")
+        sel = torch.empty(p.T, TOPK, dtype=torch.int32, device="cuda")
+        cfg = I.choose_indexer_config(p)
+        for sb, sw in ((1024, 8), (2048, 8), (4096, 16), (1024, 4)):
+            c2 = I.choose_indexer_config(p, select_block=sb, select_warps=sw)
+            ms = triton.testing.do_bench(lambda: launch_topk_select(out, sel, TOPK, c2), warmup=5, rep=40)
+            print(f"{kind} h{Hi} ctx{ctx}: select ours {ms:.4f} ms (block {sb}, warps {sw})")
+        ms = triton.testing.do_bench(lambda: torch.topk(out, TOPK, dim=-1), warmup=5, rep=40)
+        print(f"{kind} h{Hi} ctx{ctx}: torch.topk {ms:.4f} ms; default cfg {cfg}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,448 @@
+"""vLLM plugin, part 2: the DSA lightning indexer on :func:`triton_mla_sparse.indexer_topk` without DeepGEMM.
+
+vLLM 0.33 computes the indexer of DSA models (DeepSeek-V3.2, GLM-5) only with DeepGEMM's ``fp8_fp4_mqa_logits`` /
+``fp8_fp4_paged_mqa_logits``, which run on SM90/SM100/SM120. On SM80/86/89 (or wherever DeepGEMM is unusable) this
+module takes the indexer over; :func:`install` (called by :func:`triton_mla_sparse.integrations.vllm.register`)
+registers :class:`TritonSparseAttnIndexer` with ``CustomOp.register_oot(name="SparseAttnIndexer")``, so every
+``SparseAttnIndexer(...)`` vLLM builds is one of ours. Each instance decides at construction (in the worker, where
+the GPU is known) whether it is the Triton indexer or a pass-through to vLLM's own class:
+
+``TRITON_MLA_SPARSE_INDEXER``:
+    ``auto`` (default)  the Triton indexer on the CUDA platform when DeepGEMM is not usable — ``has_deep_gemm()`` is
+                        False (no package) or the GPU is not one DeepGEMM supports (``support_deep_gemm()``: SM90,
+                        SM10x, SM12x). vLLM's wheel vendors DeepGEMM, so ``has_deep_gemm()`` alone is True on
+                        every GPU; on SM8x its kernels then fail at run time.
+    ``always``          the Triton indexer on every platform (e.g. to compare against DeepGEMM on SM90).
+    ``off``             vLLM's indexer unchanged (nothing is registered).
+
+When the Triton indexer is chosen, the instance also routes the two places of vLLM 0.33 that reach DeepGEMM
+outside the op's ``forward`` (the policy is per process, so this happens once, idempotently):
+
+* ``vllm.models.deepseek_v32.attention.sparse_attn_indexer``: DeepSeek-V3.2 and GLM-5 on CUDA
+  (``DeepseekV32Attention._sparse_indexer_and_attn``) call vLLM's module-level function directly, not the op's
+  ``forward``; the name is re-pointed to :func:`sparse_attn_indexer` (same signature).
+* ``vllm.v1.attention.backends.mla.indexer.get_paged_mqa_logits_metadata``: the indexer's metadata builder
+  (``DeepseekV32IndexerMetadataBuilder.build`` and ``update_draft_decode_metadata``) asks DeepGEMM for a decode
+  schedule whenever ``has_deep_gemm()``; the name is re-pointed to a stand-in that returns an empty schedule, which
+  only DeepGEMM's decode kernel would read.
+
+:func:`sparse_attn_indexer` computes what vLLM's DeepGEMM path writes: request-local top-k positions (0 … context
+length - 1, any order, -1 padded) into ``topk_indices_buffer[row, :topk_tokens]`` for every prefill chunk row and
+every decode row, with vLLM's metadata (``DeepseekV32IndexerMetadata``), its dense-MHA early return, its buffer
+clearing and its decode packing for ragged speculative batches. Not supported, rejected at construction with one
+``ValueError``: the MXFP4 indexer cache, the SM10x MX-scaled (UE8M0) fp8 cache, the shuffled cache layout, decode /
+prefill context parallelism, compressed indexers (DeepSeek-V4) and two-level candidate blocks (DeepSeek-V4.1).
+
+(No ``from __future__ import annotations`` here: torch infers the custom op's schema from the annotations.)
+"""
+
+import inspect
+import logging
+import os
+import sys
+
+import torch
+import vllm.model_executor.layers.sparse_attn_indexer as _vllm_sai
+from vllm.config import CUDAGraphMode, get_current_vllm_config
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.custom_op import CustomOp, op_registry_oot
+from vllm.model_executor.layers.sparse_attn_indexer import PrefillRowShard, SparseAttnIndexer
+from vllm.platforms import current_platform
+from vllm.utils.torch_utils import LayerNameType, _encode_layer_name, _resolve_layer_name, direct_register_custom_op
+
+from ..indexer import D_INDEX, indexer_topk
+from .vllm import INDEXER_ENV, INDEXER_MODES
+
+__all__ = [
+    "INDEXER_ENV",
+    "INDEXER_MODES",
+    "indexer_mode",
+    "decide",
+    "deep_gemm_usable",
+    "use_triton_indexer",
+    "unsupported_reasons",
+    "TritonSparseAttnIndexer",
+    "sparse_attn_indexer",
+    "install",
+    "route_vllm_call_sites",
+]
+
+OP_NAME = "SparseAttnIndexer"  # the key of vLLM's out-of-tree registry (the in-tree class's __name__)
+#: vLLM modules whose global names are re-pointed in Triton mode: (module, name, replacement attribute here).
+CALL_SITES = (
+    ("vllm.models.deepseek_v32.attention", "sparse_attn_indexer", "sparse_attn_indexer"),
+    ("vllm.v1.attention.backends.mla.indexer", "get_paged_mqa_logits_metadata", "_no_deep_gemm_schedule"),
+)
+_ROUTED_MARK = "_triton_mla_sparse_routed"
+
+logger = logging.getLogger("vllm.plugins.triton_mla_sparse")
+_logged: set[str] = set()
+
+
+def _log_once(level: int, key: str, msg: str, *args) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        logger.log(level, msg, *args)
+
+
+def indexer_mode() -> str:
+    """The mode from ``TRITON_MLA_SPARSE_INDEXER``: ``auto`` when unset; a ValueError for any other value."""
+    raw = os.environ.get(INDEXER_ENV, "").strip().lower() or "auto"
+    if raw not in INDEXER_MODES:
+        raise ValueError(f"{INDEXER_ENV}: expected one of {INDEXER_MODES}, got {raw!r}")
+    return raw
+
+
+def decide(mode: str, *, is_cuda: bool, deep_gemm: bool) -> tuple[bool, str]:
+    """(use the Triton indexer?, why) for a mode, a platform and whether DeepGEMM is usable. Pure."""
+    if mode not in INDEXER_MODES:
+        raise ValueError(f"{INDEXER_ENV}: expected one of {INDEXER_MODES}, got {mode!r}")
+    if mode == "off":
+        return False, f"{INDEXER_ENV}=off"
+    if mode == "always":
+        return True, f"{INDEXER_ENV}=always"
+    if not is_cuda:
+        return False, "not the CUDA platform (vLLM has its own indexer there)"
+    if deep_gemm:
+        return False, "DeepGEMM is usable on this GPU"
+    return True, "DeepGEMM is not usable on this GPU"
+
+
+def deep_gemm_usable() -> bool:
+    """Whether vLLM's DeepGEMM indexer can run here: the package imports (vendored or not) *and* the GPU is one
+    DeepGEMM supports (vLLM's ``support_deep_gemm``: SM90, SM10x, SM12x). ``VLLM_USE_DEEP_GEMM`` plays no part:
+    vLLM's indexer ignores it."""
+    from vllm.utils.deep_gemm import has_deep_gemm
+
+    return bool(current_platform.support_deep_gemm()) and has_deep_gemm()
+
+
+def use_triton_indexer() -> tuple[bool, str]:
+    """:func:`decide` for this process (reads ``TRITON_MLA_SPARSE_INDEXER`` and queries vLLM's platform)."""
+    mode = indexer_mode()
+    if mode != "auto":
+        return decide(mode, is_cuda=False, deep_gemm=False)
+    is_cuda = current_platform.is_cuda()
+    return decide(mode, is_cuda=is_cuda, deep_gemm=is_cuda and deep_gemm_usable())
+
+
+def unsupported_reasons(*, k_cache, head_dim: int, use_fp4_cache: bool, compress_ratio: int, candidate_blocks,
+                        dcp_world_size: int, use_pcp: bool) -> list[str]:
+    """What of an indexer's configuration the Triton indexer cannot serve (empty: everything)."""
+    from vllm.utils.deep_gemm import mqa_logits_use_mx_scales
+
+    reasons = []
+    if head_dim != D_INDEX:
+        reasons.append(f"index head dim {head_dim} (only {D_INDEX})")
+    if use_fp4_cache:
+        reasons.append("the MXFP4 indexer cache (indexer_kv_dtype=mxfp4)")
+    if mqa_logits_use_mx_scales():
+        reasons.append("SM10x's MX-scaled fp8 indexer cache (UE8M0 scales instead of float32)")
+    if getattr(k_cache, "uses_shuffled_layout", False):
+        reasons.append("the shuffled indexer cache layout")
+    if compress_ratio != 1:
+        reasons.append(f"compressed indexer caches (compress_ratio {compress_ratio}, DeepSeek-V4)")
+    if candidate_blocks is not None:
+        reasons.append("two-level candidate blocks (DeepSeek-V4.1)")
+    if dcp_world_size > 1:
+        reasons.append("decode context parallelism")
+    if use_pcp:
+        reasons.append("prefill context parallelism")
+    return reasons
+
+
+class TritonSparseAttnIndexer(SparseAttnIndexer):
+    """vLLM's ``SparseAttnIndexer`` whose forward runs :func:`sparse_attn_indexer` when :func:`use_triton_indexer`
+    says so at construction (``self.triton``); otherwise exactly vLLM's class."""
+
+    def __init__(self, *args, **kwargs):
+        self.triton, why = use_triton_indexer()
+        if not self.triton:
+            super().__init__(*args, **kwargs)
+            return
+        # vLLM's __init__ stores its arguments and parallel settings, then raises without DeepGEMM on CUDA: the
+        # same attributes, set here (the model and the MLA layer read some of them, e.g. topk_backend).
+        bound = inspect.signature(SparseAttnIndexer.__init__).bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        CustomOp.__init__(self)
+        for name, value in bound.arguments.items():
+            if name != "self":
+                setattr(self, name, value)
+        self.dense_mha_metadata_layer_name = ""
+        vllm_config = get_current_vllm_config()
+        parallel_config = vllm_config.parallel_config
+        self.topk_backend = vllm_config.kernel_config.sparse_indexer_topk_backend
+        self._parallel_config = parallel_config
+        self.dcp_world_size = parallel_config.decode_context_parallel_size
+        self.dcp_rank = 0
+        self.use_pcp = parallel_config.prefill_context_parallel_size > 1
+        self.pcp_shard_decode_requests = parallel_config.pcp_shard_decode_requests
+        reasons = unsupported_reasons(
+            k_cache=self.k_cache, head_dim=self.head_dim, use_fp4_cache=self.use_fp4_cache,
+            compress_ratio=self.compress_ratio, candidate_blocks=self.candidate_blocks,
+            dcp_world_size=self.dcp_world_size, use_pcp=self.use_pcp)
+        if reasons:
+            raise ValueError(
+                f"triton-mla-sparse: the Triton DSA indexer was chosen ({why}) but does not support "
+                f"{'; '.join(reasons)}. Use a GPU with DeepGEMM (SM90/SM100) for this configuration, or set "
+                f"{INDEXER_ENV}=off.")
+        _log_once(logging.INFO, "using", "triton-mla-sparse: the DSA indexer runs on Triton (%s).", why)
+        route_vllm_call_sites()
+
+    def forward_native(self, hidden_states, q_quant, k, weights):
+        if not self.triton:
+            return super().forward_native(hidden_states, q_quant, k, weights)
+        return self.forward_cuda(hidden_states, q_quant, k, weights)
+
+    def forward_cuda(self, hidden_states, q_quant, k, weights):
+        if not self.triton:
+            return super().forward_cuda(hidden_states, q_quant, k, weights)
+        return torch.ops.triton_mla_sparse.sparse_attn_indexer(
+            hidden_states, _encode_layer_name(self.k_cache.prefix), self.k_cache.kv_cache, q_quant, None, k,
+            weights, self.quant_block_size, self.scale_fmt, self.topk_tokens, self.head_dim, self.max_model_len,
+            self.max_total_seq_len, self.topk_indices_buffer, self.skip_k_cache_insert, self.use_pcp,
+            self.pcp_shard_decode_requests, _encode_layer_name(self.dense_mha_metadata_layer_name),
+            self.use_fp4_cache, self.dcp_rank, self.dcp_world_size,
+            self._parallel_config.cp_kv_cache_interleave_size, False, candidate_blocks=self.candidate_blocks,
+            candidate_block_size=self.candidate_block_size, candidate_write=self.candidate_write,
+            topk_backend=self.topk_backend)
+
+    def forward_hip(self, hidden_states, q_quant, k, weights):
+        if not self.triton:
+            return super().forward_hip(hidden_states, q_quant, k, weights)
+        return self.forward_cuda(hidden_states, q_quant, k, weights)
+
+    def forward_xpu(self, hidden_states, q_quant, k, weights):
+        if not self.triton:
+            return super().forward_xpu(hidden_states, q_quant, k, weights)
+        return self.forward_cuda(hidden_states, q_quant, k, weights)
+
+    def forward_cpu(self, hidden_states, q_quant, k, weights):
+        if not self.triton:
+            return super().forward_cpu(hidden_states, q_quant, k, weights)
+        return self.forward_cuda(hidden_states, q_quant, k, weights)
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _indexer_topk_into(out, q, weights, kv_cache, block_table, req, positions, max_len):
+    """``indexer_topk`` into ``out`` (a view of the top-k buffer); float32 weights as the kernels want them."""
+    if weights.dtype != torch.float32:
+        weights = weights.float()
+    indexer_topk(q, weights, kv_cache, block_table, req, positions, out.shape[1], max_len=max_len, out=out)
+
+
+def _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens):
+    prefill = md.prefill
+    row_shard = PrefillRowShard.from_metadata(prefill, md.num_decode_tokens)
+    for chunk in prefill.chunks:
+        start, end = chunk.token_start, chunk.token_end
+        ks, ke = chunk.cu_seqlen_ks, chunk.cu_seqlen_ke
+        if row_shard is not None:
+            narrowed = row_shard.narrow(chunk)
+            if narrowed is None:
+                continue
+            start, end, ks, ke = narrowed
+        out = topk_indices_buffer[start:end, :topk_tokens]
+        if chunk.local_total_seq_lens == 0 or end == start:
+            out.fill_(-1)
+            continue
+        # Row i scores K rows [ks[i], ke[i]) of the chunk's gathered K: request-local positions 0 … ke-ks-1 of the
+        # request whose gathered range starts at ks[i] (right=True skips empty requests sharing that start).
+        cu = chunk.local_cu_seq_lens if chunk.local_cu_seq_lens is not None else chunk.cu_seq_lens
+        req = (torch.searchsorted(cu, ks, right=True) - 1).to(torch.int32)
+        positions = (ke - ks - 1).to(torch.int32)
+        _indexer_topk_into(out, q_quant[start:end], weights[start:end], kv4, chunk.block_table, req, positions,
+                           chunk.max_seqlen_k)
+    if row_shard is not None:
+        row_shard.exchange_topk(topk_indices_buffer, topk_tokens)
+
+
+def _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_model_len):
+    from vllm.v1.attention.ops.common import pack_seq_triton, unpack_seq_triton
+
+    decode = md.decode
+    num_decode_tokens = md.num_decode_tokens
+    decode_lens = decode.decode_lens
+    # vLLM's packing of the decode rows into [batch, next_n] (sparse_attn_indexer, DeepGEMM path), kept as is.
+    needs_padded_path = decode.requires_padding or (num_decode_tokens % decode_lens.shape[0] != 0)
+    if num_decode_tokens == 0:
+        padded_q = q_quant[:1].reshape(1, 1, *q_quant.shape[1:])
+    elif needs_padded_path:
+        padded_q = pack_seq_triton(q_quant[:num_decode_tokens], decode_lens)
+    else:
+        padded_q = q_quant[:num_decode_tokens].reshape(decode_lens.shape[0], -1, *q_quant.shape[1:])
+    batch_size, next_n = padded_q.shape[:2]
+    rows = batch_size * next_n
+    seq_lens = decode.seq_lens[:batch_size]  # (B, next_n): each row's context length
+    if seq_lens.numel() != rows:
+        raise RuntimeError(f"triton-mla-sparse indexer: decode seq_lens {tuple(seq_lens.shape)} do not give one "
+                           f"context length per row of the packed [{batch_size}, {next_n}] decode queries")
+    dev = q_quant.device
+    positions = (seq_lens.reshape(-1) - 1).to(torch.int32)
+    req = torch.div(torch.arange(rows, device=dev, dtype=torch.int32), next_n, rounding_mode="floor")
+    w = weights[:rows]  # as vLLM hands DeepGEMM: the flat rows, also on the packed path
+    if w.shape[0] < rows:
+        w = torch.nn.functional.pad(w, (0, 0, 0, rows - w.shape[0]))
+    block_table = decode.block_table
+    # Eager: the longest context of the batch. Under CUDA-graph capture the launch must serve every replay, so the
+    # width is the model's maximum (what vLLM's DeepGEMM call uses).
+    max_len = max_model_len if _capturing(q_quant.device) else md.max_seq_len
+    max_len = min(max_len, block_table.shape[1] * kv4.shape[1])
+    out = topk_indices_buffer[:rows, :topk_tokens]
+    _indexer_topk_into(out, padded_q.reshape(rows, *q_quant.shape[1:]), w, kv4, block_table, req, positions,
+                       max_len)
+    if needs_padded_path:
+        topk = unpack_seq_triton(out.reshape(batch_size, -1, out.shape[-1]), decode_lens)
+        topk_indices_buffer[: topk.shape[0], : topk.shape[-1]] = topk
+
+
+def sparse_attn_indexer(
+    hidden_states: torch.Tensor,
+    k_cache_prefix: LayerNameType,
+    kv_cache: torch.Tensor,
+    q_quant: torch.Tensor,
+    q_scale: torch.Tensor | None,
+    k: torch.Tensor | None,
+    weights: torch.Tensor,
+    quant_block_size: int,
+    scale_fmt: str | None,
+    topk_tokens: int,
+    head_dim: int,
+    max_model_len: int,
+    total_seq_lens: int,
+    topk_indices_buffer: torch.Tensor,
+    skip_k_cache_insert: bool,
+    use_pcp: bool,
+    pcp_shard_decode_requests: bool,
+    dense_mha_metadata_layer_name: LayerNameType,
+    use_fp4_cache: bool = False,
+    dcp_rank: int = 0,
+    dcp_world_size: int = 1,
+    cp_kv_cache_interleave_size: int = 1,
+    skip_topk_buffer_clear: bool = False,
+    candidate_blocks: torch.Tensor | None = None,
+    candidate_block_size: int = 0,
+    candidate_write: bool = False,
+    topk_backend: str = "auto",
+) -> torch.Tensor:
+    """vLLM's ``sparse_attn_indexer`` (same signature and effects) with the logits and top-k of
+    :func:`triton_mla_sparse.indexer_topk` instead of DeepGEMM's kernels. Returns ``topk_indices_buffer``."""
+    forward_context = get_forward_context()
+    attn_metadata = forward_context.attn_metadata
+    if not isinstance(attn_metadata, dict):
+        # Profiling / dummy run: vLLM's function only reserves its workspaces here (no DeepGEMM). Ours need less.
+        return _vllm_sai.sparse_attn_indexer(
+            hidden_states, k_cache_prefix, kv_cache, q_quant, q_scale, k, weights, quant_block_size, scale_fmt,
+            topk_tokens, head_dim, max_model_len, total_seq_lens, topk_indices_buffer, skip_k_cache_insert,
+            use_pcp, pcp_shard_decode_requests, dense_mha_metadata_layer_name, use_fp4_cache, dcp_rank,
+            dcp_world_size, cp_kv_cache_interleave_size, skip_topk_buffer_clear, candidate_blocks,
+            candidate_block_size, candidate_write, topk_backend)
+    if use_fp4_cache or q_scale is not None or candidate_blocks is not None or dcp_world_size > 1 or use_pcp:
+        raise RuntimeError("triton-mla-sparse indexer: MXFP4 caches, candidate blocks and context parallelism are "
+                           "not supported (the op's constructor rejects them)")
+    md = attn_metadata[_resolve_layer_name(k_cache_prefix)]
+
+    if not skip_k_cache_insert:
+        from vllm import _custom_ops as ops
+        from vllm.v1.attention.ops.pcp import maybe_gather_indexer_k
+
+        num_tokens = md.slot_mapping.shape[0]
+        k, slot_mapping = maybe_gather_indexer_k(k[:num_tokens], md.slot_mapping, md.num_decode_tokens, False,
+                                                 pcp_shard_decode_requests=pcp_shard_decode_requests)
+        ops.indexer_k_quant_and_cache(k, kv_cache, slot_mapping, quant_block_size, scale_fmt)
+
+    # vLLM's early return: dense MHA serves this prefill-only batch, nobody reads the top-k.
+    if forward_context.cudagraph_runtime_mode != CUDAGraphMode.FULL:
+        dense_layer = _resolve_layer_name(dense_mha_metadata_layer_name)
+        if dense_layer:
+            mla_metadata = attn_metadata.get(dense_layer)
+            if (getattr(getattr(mla_metadata, "prefill", None), "use_dense_mha", False)
+                    and getattr(mla_metadata, "num_decode_tokens", -1) == 0
+                    and not _capturing(hidden_states.device)):
+                return topk_indices_buffer
+
+    if not skip_topk_buffer_clear:
+        topk_indices_buffer[: hidden_states.shape[0]] = -1
+    kv4 = kv_cache.unsqueeze(-2) if kv_cache.dim() == 3 else kv_cache  # [num_blocks, block_size, 1, 132] bytes
+    if md.num_prefills > 0:
+        _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens)
+    if md.num_decodes > 0:
+        _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_model_len)
+    return topk_indices_buffer
+
+
+def _sparse_attn_indexer_fake(*args, **kwargs) -> torch.Tensor:
+    return inspect.signature(sparse_attn_indexer).bind(*args, **kwargs).arguments["topk_indices_buffer"]
+
+
+def _no_deep_gemm_schedule(context_lens, block_size, num_sms, indices=None) -> torch.Tensor:
+    """Stand-in for DeepGEMM's paged-MQA schedule in the indexer's metadata builder: an empty [1, 2] schedule (the
+    builder copies it into its buffer; only DeepGEMM's decode kernel reads it)."""
+    return torch.zeros(1, 2, dtype=torch.int32, device=context_lens.device)
+
+
+_library = None
+
+
+def _register_torch_op() -> None:
+    """``torch.ops.triton_mla_sparse.sparse_attn_indexer``: opaque to torch.compile, like vLLM's op."""
+    global _library
+    if _library is None:
+        _library = torch.library.Library("triton_mla_sparse", "FRAGMENT")
+        direct_register_custom_op("sparse_attn_indexer", sparse_attn_indexer,
+                                  mutates_args=["topk_indices_buffer", "candidate_blocks"],
+                                  fake_impl=_sparse_attn_indexer_fake, target_lib=_library)
+
+
+def route_vllm_call_sites() -> list[str]:
+    """Re-point the vLLM names of :data:`CALL_SITES` (those whose modules are loaded) to ours; idempotent. A name
+    whose signature differs from ours is left alone with one warning. Returns the ``module.name`` now routed."""
+    routed = []
+    for mod_name, attr, ours_name in CALL_SITES:
+        mod = sys.modules.get(mod_name)
+        current = getattr(mod, attr, None) if mod is not None else None
+        if current is None:
+            continue
+        ours = globals()[ours_name]
+        if current is ours or getattr(current, _ROUTED_MARK, False):
+            routed.append(f"{mod_name}.{attr}")
+            continue
+        try:
+            same = list(inspect.signature(current).parameters) == list(inspect.signature(ours).parameters)
+        except (TypeError, ValueError):
+            same = False
+        if not same:
+            _log_once(logging.WARNING, f"sig:{mod_name}.{attr}",
+                      "triton-mla-sparse: %s.%s differs from the vLLM 0.33 signature; not routed to the Triton "
+                      "indexer (DSA models may fail without DeepGEMM).", mod_name, attr)
+            continue
+        setattr(mod, attr, ours)
+        routed.append(f"{mod_name}.{attr}")
+    return routed
+
+
+def install() -> bool:
+    """Register :class:`TritonSparseAttnIndexer` as vLLM's out-of-tree ``SparseAttnIndexer`` (idempotent). Returns
+    whether it is registered after the call; ``TRITON_MLA_SPARSE_INDEXER=off`` registers nothing."""
+    if indexer_mode() == "off":
+        return op_registry_oot.get(OP_NAME) is TritonSparseAttnIndexer
+    current = op_registry_oot.get(OP_NAME)
+    if current is TritonSparseAttnIndexer:
+        return True
+    if current is not None:
+        _log_once(logging.WARNING, "oot-taken", "triton-mla-sparse: %s is already replaced by %s; the Triton DSA "
+                  "indexer is not registered.", OP_NAME, current.__qualname__)
+        return False
+    _register_torch_op()
+    CustomOp.register_oot(TritonSparseAttnIndexer, name=OP_NAME)
+    # register_oot names the class after the registry key; keep vLLM's op name so that
+    # --compilation-config custom_ops '+sparse_attn_indexer' / '-sparse_attn_indexer' mean the same.
+    TritonSparseAttnIndexer.name = SparseAttnIndexer.name
+    return True
+
+
+for _site in (sparse_attn_indexer, _no_deep_gemm_schedule):
+    setattr(_site, _ROUTED_MARK, True)

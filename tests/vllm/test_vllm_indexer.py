@@ -1,0 +1,402 @@
+"""The Triton DSA indexer as vLLM's out-of-tree ``SparseAttnIndexer`` (triton_mla_sparse.integrations.vllm_indexer).
+
+Against the real vLLM 0.33.0 on a CPU host, where vLLM's platform is not CUDA: the CUDA/DeepGEMM probes are
+monkeypatched where a test needs a GPU without DeepGEMM. The forward tests build the indexer's metadata with vLLM's
+own ``DeepseekV32IndexerMetadataBuilder.build`` (its prefill-metadata Triton kernel is launched through Triton's
+interpreter: vLLM's launcher cannot inspect an interpreted kernel), fill a paged fp8 indexer cache in vLLM's layout
+(per 64-token block: 64·128 e4m3 bytes, then 64 float32 power-of-two scales; blocks apart by more than a block,
+the gaps poisoned), run the op (``forward`` → ``torch.ops.triton_mla_sparse.sparse_attn_indexer``) and the function
+the DeepSeek-V3.2 / GLM-5 model calls, and compare each row's top-k set with ``reference.indexer_topk``.
+"""
+
+import importlib
+import math
+import types
+
+import pytest
+import torch
+
+from triton_mla_sparse import reference
+
+PREFIX = "model.layers.0.self_attn.indexer.k_cache"
+BLOCK = 64
+HI = 8  # index heads (GLM-5 has 32, DeepSeek-V3.2 64; fewer keep the interpreter fast)
+TOPK = 16
+
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+
+
+@pytest.fixture(scope="module")
+def vi():
+    from triton_mla_sparse.integrations import vllm_indexer
+
+    assert vllm_indexer.install()
+    return vllm_indexer
+
+
+@pytest.fixture
+def vc(model_configs):
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+
+    config = VllmConfig(model_config=model_configs["glm5"], device_config=DeviceConfig(device="cpu"))
+    with set_current_vllm_config(config):
+        yield config
+
+
+@pytest.fixture
+def no_deep_gemm_gpu(monkeypatch):
+    """vLLM's platform answering like an SM89 GPU: CUDA, DeepGEMM not supported (the vendored package imports)."""
+    from vllm.platforms import current_platform
+
+    from triton_mla_sparse.integrations.vllm_indexer import CALL_SITES
+
+    for mod_name, attr, _ in CALL_SITES:  # the names the Triton mode re-points: restored after the test
+        mod = importlib.import_module(mod_name)
+        monkeypatch.setattr(mod, attr, getattr(mod, attr))
+    monkeypatch.setattr(current_platform, "is_cuda", lambda: True)
+    monkeypatch.setattr(current_platform, "support_deep_gemm", lambda: False)
+    monkeypatch.delenv("TRITON_MLA_SPARSE_INDEXER", raising=False)
+
+
+def make_op(*, buffer_rows=64, **kwargs):
+    from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+
+    k_cache = types.SimpleNamespace(prefix=PREFIX, kv_cache=torch.empty(0, dtype=torch.uint8))
+    args = dict(k_cache=k_cache, quant_block_size=128, scale_fmt="ue8m0", topk_tokens=TOPK, head_dim=128,
+                max_model_len=4096, max_total_seq_len=100_000,
+                topk_indices_buffer=torch.empty(buffer_rows, TOPK, dtype=torch.int32),
+                # the cache is written outside the op, as DeepSeek-V3.2 / GLM-5 do on CUDA (vLLM's cache-insert
+                # kernel, vllm._C, is not in a CPU install)
+                skip_k_cache_insert=True)
+    args.update(kwargs)
+    return SparseAttnIndexer(**args)
+
+
+# ---------------------------------------------------------------------------------------------------- policy
+
+
+@pytest.mark.parametrize("mode,is_cuda,deep_gemm,want", [
+    ("auto", True, False, True),
+    ("auto", True, True, False),
+    ("auto", False, False, False),
+    ("always", False, True, True),
+    ("off", True, False, False),
+])
+def test_decide(vi, mode, is_cuda, deep_gemm, want):
+    use, why = vi.decide(mode, is_cuda=is_cuda, deep_gemm=deep_gemm)
+    assert use is want and why
+
+
+def test_mode_env(vi, monkeypatch):
+    monkeypatch.delenv("TRITON_MLA_SPARSE_INDEXER", raising=False)
+    assert vi.indexer_mode() == "auto"
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", " Always ")
+    assert vi.indexer_mode() == "always"
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "sometimes")
+    with pytest.raises(ValueError, match="TRITON_MLA_SPARSE_INDEXER.*'sometimes'"):
+        vi.indexer_mode()
+    with pytest.raises(ValueError, match="TRITON_MLA_SPARSE_INDEXER"):
+        vi.decide("sometimes", is_cuda=True, deep_gemm=False)
+
+
+def test_deep_gemm_usable_needs_a_supported_gpu(vi, monkeypatch):
+    """vLLM's wheel vendors DeepGEMM, so has_deep_gemm() is True everywhere; the GPU decides."""
+    from vllm.platforms import current_platform
+    from vllm.utils.deep_gemm import has_deep_gemm
+
+    assert has_deep_gemm()
+    monkeypatch.setattr(current_platform, "support_deep_gemm", lambda: False)
+    assert not vi.deep_gemm_usable()
+    monkeypatch.setattr(current_platform, "support_deep_gemm", lambda: True)
+    assert vi.deep_gemm_usable()
+    monkeypatch.setattr(current_platform, "is_cuda", lambda: True)
+    monkeypatch.delenv("TRITON_MLA_SPARSE_INDEXER", raising=False)
+    assert vi.use_triton_indexer()[0] is False  # SM90-like: vLLM's DeepGEMM indexer stays
+    monkeypatch.setattr(current_platform, "support_deep_gemm", lambda: False)
+    assert vi.use_triton_indexer()[0] is True  # SM89-like
+
+
+# ---------------------------------------------------------------------------------------------- registration
+
+
+def test_register_installs_the_oot_op_idempotently(cuda_platform_module, vi, monkeypatch):
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+
+    from triton_mla_sparse.integrations.vllm import install_indexer, register
+
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    register()
+    register()
+    assert op_registry_oot["SparseAttnIndexer"] is vi.TritonSparseAttnIndexer
+    assert issubclass(vi.TritonSparseAttnIndexer, SparseAttnIndexer)
+    assert vi.TritonSparseAttnIndexer.name == SparseAttnIndexer.name == "sparse_attn_indexer"
+    assert hasattr(torch.ops.triton_mla_sparse, "sparse_attn_indexer")
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "auto")
+    assert install_indexer() is False  # this host's vLLM platform is not CUDA: nothing to do
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "off")
+    assert install_indexer() is False
+
+
+def test_register_with_a_bad_mode_logs_and_keeps_going(cuda_platform_module, monkeypatch, caplog):
+    from triton_mla_sparse.integrations.vllm import install_indexer, register
+
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "maybe")
+    with caplog.at_level("WARNING", logger="vllm.plugins.triton_mla_sparse"):
+        register()
+        assert install_indexer() is False
+    assert "TRITON_MLA_SPARSE_INDEXER='maybe' is not one of" in caplog.text
+
+
+def test_constructs_without_deep_gemm_where_vllm_raises(vi, vc, no_deep_gemm_gpu, monkeypatch):
+    import vllm.model_executor.layers.sparse_attn_indexer as sai
+
+    monkeypatch.setattr(sai, "has_deep_gemm", lambda: False)  # a vLLM without its vendored DeepGEMM
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "off")
+    with pytest.raises(RuntimeError, match="requires DeepGEMM"):
+        make_op()  # vLLM's own constructor (pass-through)
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "auto")
+    op = make_op()
+    assert isinstance(op, vi.TritonSparseAttnIndexer) and op.triton
+    # what the model and the MLA layer read
+    assert op.topk_tokens == TOPK and op.topk_backend == vc.kernel_config.sparse_indexer_topk_backend
+    assert op.dense_mha_metadata_layer_name == "" and op.dcp_world_size == 1 and not op.use_pcp
+    # the call sites outside the op
+    import vllm.models.deepseek_v32.attention as dsv32
+    import vllm.v1.attention.backends.mla.indexer as idx
+
+    assert dsv32.sparse_attn_indexer is vi.sparse_attn_indexer
+    assert idx.get_paged_mqa_logits_metadata is vi._no_deep_gemm_schedule
+    assert vi.route_vllm_call_sites() == [f"{m}.{a}" for m, a, _ in vi.CALL_SITES]  # idempotent
+
+
+def test_passes_through_where_deep_gemm_is_usable(vi, vc, monkeypatch):
+    from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+
+    monkeypatch.delenv("TRITON_MLA_SPARSE_INDEXER", raising=False)  # auto, and this host is not CUDA
+    op = make_op()
+    assert isinstance(op, vi.TritonSparseAttnIndexer) and not op.triton
+    for name in ("forward_cuda", "forward_native", "forward_hip", "forward_xpu", "forward_cpu"):
+        monkeypatch.setattr(SparseAttnIndexer, name, lambda self, *a, _n=name: f"vllm.{_n}")
+        assert getattr(op, name)(None, None, None, None) == f"vllm.{name}"
+
+
+def test_same_signature_as_vllms_function(vi):
+    import inspect
+
+    import vllm.model_executor.layers.sparse_attn_indexer as sai
+    from vllm.utils.deep_gemm import get_paged_mqa_logits_metadata
+
+    assert inspect.signature(vi.sparse_attn_indexer) == inspect.signature(sai.sparse_attn_indexer)
+    assert list(inspect.signature(vi._no_deep_gemm_schedule).parameters) == list(
+        inspect.signature(get_paged_mqa_logits_metadata).parameters)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(use_fp4_cache=True), "MXFP4"),
+    (dict(candidate_blocks=torch.zeros(4, 2, dtype=torch.int32), candidate_block_size=64), "candidate blocks"),
+    (dict(compress_ratio=4), "compress"),
+    (dict(head_dim=64), "head dim"),
+])
+def test_rejects_what_it_cannot_serve(vi, vc, monkeypatch, kwargs, match):
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    with pytest.raises(ValueError, match=f"{match}.*TRITON_MLA_SPARSE_INDEXER=off"):
+        make_op(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------- forward
+
+
+def quantize_tokens(k: torch.Tensor):
+    """vLLM's indexer quantization of K rows [n, 128]: e4m3 values and one power-of-two (ue8m0) float32 scale."""
+    amax = k.abs().amax(dim=-1).clamp_min(1e-4)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+    return (k / scale[:, None]).to(torch.float8_e4m3fn), scale.float()
+
+
+def make_cache(num_blocks: int, gap_bytes: int, g: torch.Generator):
+    """The layer's indexer cache as vLLM binds it ([num_blocks, 64, 132] uint8, blocks gap_bytes apart) and the
+    same bytes as a contiguous [num_blocks, 64·132] tensor for the reference. Gaps hold 0xFF (NaN)."""
+    page = BLOCK * 132
+    buf = torch.full((num_blocks, page + gap_bytes), 0xFF, dtype=torch.uint8)
+    for b in range(num_blocks):
+        vals, scales = quantize_tokens(torch.randn(BLOCK, 128, generator=g) * (0.5 + b % 3))
+        buf[b, :BLOCK * 128] = vals.view(torch.uint8).reshape(-1)
+        buf[b, BLOCK * 128:page] = scales.view(torch.uint8)
+    kv_cache = buf[:, :page].view(num_blocks, BLOCK, 132)
+    assert kv_cache.stride(0) == page + gap_bytes
+    return kv_cache, buf[:, :page].contiguous()
+
+
+def build_metadata(vc, monkeypatch, query_lens, seq_lens, block_table, *, max_prefill_buffer=None):
+    """vLLM's DeepseekV32IndexerMetadataBuilder.build for one batch (decodes first, as vLLM orders them)."""
+    import triton
+    import triton.language as tl
+    import vllm.v1.attention.backends.mla.indexer as idx
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    raw = idx.BuildPrefillChunkMetadataKernel.kernel
+    raw = getattr(raw, "fn", raw)  # a plain function where vLLM sees no Triton (its platform is not a GPU here)
+    kernel = triton.jit(types.FunctionType(raw.__code__, {**raw.__globals__, "tl": tl, "triton": triton},
+                                           raw.__name__))
+
+    def launch(*args, num_reqs, COMPRESS_RATIO):
+        kernel[(num_reqs,)](*args, BLOCK_SIZE=idx.BuildPrefillChunkMetadataKernel.BLOCK_SIZE,
+                            COMPRESS_RATIO=COMPRESS_RATIO)
+
+    monkeypatch.setattr(idx, "_BUILD_PREFILL_CHUNK_METADATA_KERNEL", launch)
+    monkeypatch.setattr(idx, "num_compute_units", lambda index: 8)
+    spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=132, dtype=torch.uint8)
+    builder = idx.DeepseekV32IndexerMetadataBuilder(spec, [PREFIX], vc, torch.device("cpu"),
+                                                    block_table_width=block_table.shape[1])
+    if max_prefill_buffer is not None:
+        builder.max_prefill_buffer_size = max_prefill_buffer
+    qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    sl = torch.tensor(seq_lens, dtype=torch.int32)
+    T = int(qsl[-1])
+    common = CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=sl, num_reqs=len(query_lens),
+        num_actual_tokens=T, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        block_table_tensor=block_table, slot_mapping=torch.zeros(T, dtype=torch.int64),
+        seq_lens_cpu_upper_bound=sl.clone())
+    return builder.build(0, common)
+
+
+def make_batch(query_lens, seq_lens, *, seed=0, num_blocks=20, gap_bytes=1000, width=4):
+    g = torch.Generator().manual_seed(seed)
+    kv_cache, dense = make_cache(num_blocks, gap_bytes, g)
+    perm = torch.randperm(num_blocks, generator=g)
+    block_table = torch.full((len(query_lens), width), -7, dtype=torch.int32)  # unused columns: garbage
+    used = 0
+    for r, L in enumerate(seq_lens):
+        n = -(-L // BLOCK)
+        block_table[r, :n] = perm[used:used + n].to(torch.int32)
+        used += n
+    T = sum(query_lens)
+    q = (torch.randn(T, HI, 128, generator=g) * 2).to(torch.float8_e4m3fn)
+    weights = torch.randn(T, HI, generator=g) * 0.1
+    # Each token's request and causal position, from the batch itself (not from vLLM's metadata).
+    req = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens)).to(torch.int32)
+    pos = torch.cat([torch.arange(L - n, L) for n, L in zip(query_lens, seq_lens)]).to(torch.int32)
+    return dict(kv_cache=kv_cache, dense=dense, block_table=block_table, q=q, weights=weights, req=req, pos=pos,
+                query_lens=query_lens, seq_lens=seq_lens, T=T)
+
+
+def assert_matches_reference(batch, got):
+    """Row t of ``got`` holds the reference's top-k set (ties at the threshold: either side), then -1."""
+    args = (batch["q"], batch["weights"], batch["dense"], batch["block_table"], batch["req"], batch["pos"])
+    ref = reference.indexer_topk(*args, TOPK, compute_dtype=torch.float64)
+    logits = reference.indexer_logits(*args, batch["block_table"].shape[1] * BLOCK, compute_dtype=torch.float64)
+    for t in range(batch["T"]):
+        mine, want = got[t], ref[t]
+        assert int((mine < 0).sum()) == int((want < 0).sum()), f"row {t}: {mine.tolist()} vs {want.tolist()}"
+        assert ((mine == -1) | (mine >= 0)).all()
+        m, w = set(mine[mine >= 0].tolist()), set(want[want >= 0].tolist())
+        assert len(m) == int((mine >= 0).sum()), f"row {t}: duplicates"
+        assert all(p <= int(batch["pos"][t]) for p in m), f"row {t}: a position after the token"
+        if m != w:  # only near-ties at the k-th value may differ
+            kth = min(logits[t, p].item() for p in w)
+            for p in m ^ w:
+                assert math.isclose(logits[t, p].item(), kth, rel_tol=1e-5, abs_tol=1e-6), f"row {t}: {m ^ w}"
+
+
+CASES = {
+    # (query_lens, seq_lens): two decodes (one shorter than top-k), then prefills (one chunked, one fresh)
+    "mixed": ([1, 1, 5, 40], [70, 3, 130, 40]),
+    "decode_only": ([1, 1, 1], [200, 9, 64]),
+    "prefill_only": ([7, 12], [71, 12]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_op_forward_matches_reference(vi, vc, monkeypatch, case):
+    from vllm.forward_context import set_forward_context
+
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    batch = make_batch(*CASES[case], seed=len(case))
+    md = build_metadata(vc, monkeypatch, batch["query_lens"], batch["seq_lens"], batch["block_table"])
+    op = make_op()
+    op.k_cache.kv_cache = batch["kv_cache"]
+    op.topk_indices_buffer.fill_(12345)
+    hidden = torch.zeros(batch["T"] + 3, 16)  # 3 padding rows (cleared to -1, like vLLM)
+    q = torch.cat([batch["q"], batch["q"][:3]])
+    w = torch.cat([batch["weights"], batch["weights"][:3]])
+    with set_forward_context({PREFIX: md}, vc):
+        out = op(hidden, q, None, w)
+    assert out is op.topk_indices_buffer
+    assert_matches_reference(batch, out)
+    assert (out[batch["T"]:batch["T"] + 3] == -1).all()
+    assert (out[batch["T"] + 3:] == 12345).all()  # rows past the batch are not touched
+
+
+@pytest.mark.parametrize("chunking", ["per_request", "per_row"])
+def test_model_call_site_with_chunked_prefill(vi, vc, no_deep_gemm_gpu, monkeypatch, chunking):
+    """What DeepSeek-V3.2 / GLM-5 call on CUDA (the module function re-pointed from vLLM's), with the buffer left
+    uncleared (skip_topk_buffer_clear=True, as the fused kernel cleared it) and the prefill split into chunks
+    (workspace budget: one request per chunk; logits budget 0: one query row per chunk)."""
+    from vllm.forward_context import set_forward_context
+
+    if chunking == "per_row":
+        monkeypatch.setenv("VLLM_SPARSE_INDEXER_MAX_LOGITS_MB", "0")
+    op = make_op()  # routes the call sites (no DeepGEMM on this "GPU"), the builder's schedule call included
+    batch = make_batch([1, 6, 9], [33, 70, 9], seed=5)
+    md = build_metadata(vc, monkeypatch, batch["query_lens"], batch["seq_lens"], batch["block_table"],
+                        max_prefill_buffer=75)
+    assert len(md.prefill.chunks) == (2 if chunking == "per_request" else 15)
+    import vllm.models.deepseek_v32.attention as dsv32
+
+    assert dsv32.sparse_attn_indexer is vi.sparse_attn_indexer
+    buf = torch.full((32, TOPK), 999, dtype=torch.int32)
+    with set_forward_context({PREFIX: md}, vc):
+        dsv32.sparse_attn_indexer(
+            torch.zeros(batch["T"], 16), PREFIX, batch["kv_cache"], batch["q"], None, None, batch["weights"],
+            op.quant_block_size, op.scale_fmt, TOPK, 128, op.max_model_len, op.max_total_seq_len, buf,
+            skip_k_cache_insert=True, use_pcp=False, pcp_shard_decode_requests=False,
+            dense_mha_metadata_layer_name="", skip_topk_buffer_clear=True, topk_backend=op.topk_backend)
+    assert_matches_reference(batch, buf)
+    assert (buf[batch["T"]:] == 999).all()
+
+
+def test_speculative_decode_rows(vi, vc, monkeypatch):
+    """Native spec-decode metadata (2 query tokens per request, 2-D per-token context lengths, as the builder
+    makes them for next_n = 2): each row sees its own causal prefix."""
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.attention.backends.mla.indexer import DeepSeekV32IndexerDecodeMetadata, DeepseekV32IndexerMetadata
+
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    batch = make_batch([2, 2], [90, 20], seed=7)
+    sl = torch.tensor(batch["seq_lens"], dtype=torch.int32)
+    decode = DeepSeekV32IndexerDecodeMetadata(
+        block_table=batch["block_table"], seq_lens=torch.stack([sl - 1, sl], dim=1),
+        decode_lens=torch.tensor([2, 2], dtype=torch.int32), requires_padding=False,
+        schedule_metadata=torch.zeros(1, 2, dtype=torch.int32))
+    md = DeepseekV32IndexerMetadata(seq_lens=sl, max_seq_len=90, slot_mapping=torch.zeros(4, dtype=torch.int64),
+                                    num_decodes=2, num_decode_tokens=4, num_prefills=0, num_prefill_tokens=0,
+                                    decode=decode, block_table=batch["block_table"])
+    op = make_op()
+    op.k_cache.kv_cache = batch["kv_cache"]
+    with set_forward_context({PREFIX: md}, vc):
+        out = op(torch.zeros(4, 16), batch["q"], None, batch["weights"])
+    assert_matches_reference(batch, out)
+
+
+def test_dense_mha_prefill_leaves_the_buffer_alone(vi, vc, monkeypatch):
+    """vLLM's early return: a prefill-only batch that the main MLA layer serves with dense MHA needs no top-k."""
+    from vllm.forward_context import set_forward_context
+
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    batch = make_batch([7, 12], [71, 12], seed=3)
+    md = build_metadata(vc, monkeypatch, batch["query_lens"], batch["seq_lens"], batch["block_table"])
+    op = make_op()
+    op.k_cache.kv_cache = batch["kv_cache"]
+    op.dense_mha_metadata_layer_name = "model.layers.0.self_attn.attn"
+    mla = types.SimpleNamespace(prefill=types.SimpleNamespace(use_dense_mha=True), num_decode_tokens=0)
+    op.topk_indices_buffer.fill_(7)
+    with set_forward_context({PREFIX: md, op.dense_mha_metadata_layer_name: mla}, vc):
+        op(torch.zeros(batch["T"], 16), batch["q"], None, batch["weights"])
+    assert (op.topk_indices_buffer == 7).all()
+    mla.prefill.use_dense_mha = False
+    with set_forward_context({PREFIX: md, op.dense_mha_metadata_layer_name: mla}, vc):
+        out = op(torch.zeros(batch["T"], 16), batch["q"], None, batch["weights"])
+    assert_matches_reference(batch, out)
