@@ -148,9 +148,10 @@ def test_logits_and_topk_match_reference(k_fmt, q_name, Hi):
     assert got is out
     assert_logits_match(got, ref, what=what)
     topk = TOPKS[(CACHES.index(k_fmt) + list(QS).index(q_name) + HEADS.index(Hi)) % len(TOPKS)]
-    sel = tms.indexer_topk(*args(case), topk)
-    assert sel.dtype == torch.int32 and sel.device.type == DEVICE.type
-    assert_topk_matches(sel, ref, topk, what=f"{what} topk={topk}")
+    for select in ("triton", "torch"):
+        sel = tms.indexer_topk(*args(case), topk, select=select)
+        assert sel.dtype == torch.int32 and sel.device.type == DEVICE.type
+        assert_topk_matches(sel, ref, topk, what=f"{what} topk={topk} select={select}")
     ref_sel = reference.indexer_topk(*args(case), 70, compute_dtype=torch.float64)
     assert_topk_matches(ref_sel, ref, 70, what=f"reference {what}")
 

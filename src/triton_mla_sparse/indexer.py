@@ -160,28 +160,48 @@ class IndexerConfig:
     block_h: int  # heads padded to a power of two >= 16 (one dot per tile)
     block_k: int  # positions per tile (one dot)
     chunk_tiles: int  # tiles per logits program (q and weights loaded once per chunk)
+    rows_per_program: int  # query rows sharing each K tile (prefill: rows of one request)
     num_warps: int
     num_stages: int
     use_fp8_dot: bool  # fp8 q and fp8 cache on a GPU with fp8 tensor cores: dot on e4m3 operands
     dot_bf16: bool  # dot operand type when not fp8: bf16 (q bf16) or fp16
     sw_fp8: bool  # integer e4m3 decode (no fp8 conversion instructions)
+    select: str  # "torch" (torch.topk over the logits) or "triton" (the radix-select kernel)
     select_block: int
     select_warps: int
 
 
-def indexer_config_for(arch, *, hi: int, q_fp8: bool, k_fp8: bool, dot_bf16: bool) -> IndexerConfig:
+SELECTS = ("torch", "triton")
+
+
+def indexer_config_for(arch, *, hi: int, q_fp8: bool, k_fp8: bool, dot_bf16: bool,
+                       shared_rows: bool = False) -> IndexerConfig:
     """The launch parameters on ``arch`` (a :class:`~triton_mla_sparse.capabilities.Arch`; None: Triton's
-    interpreter) for ``hi`` index heads: a pure function, shared by the launch and the AOT compile matrix."""
+    interpreter) for ``hi`` index heads: a pure function, shared by the launch and the AOT compile matrix.
+    ``shared_rows``: rows outnumber requests (prefill), so groups of rows share each K tile (N = rows · heads =
+    128 of the dot)."""
     block_h = max(16, 1 << max(0, (hi - 1).bit_length()))
+    rows = max(1, 128 // block_h) if shared_rows else 1  # N = rows · heads of the dot: 128 (sm90, interpreter)
     if arch is None:  # interpreter: small tiles and chunks so tests cover several of each
-        return IndexerConfig(block_h=block_h, block_k=32, chunk_tiles=2, num_warps=4, num_stages=1,
-                             use_fp8_dot=False, dot_bf16=dot_bf16, sw_fp8=False, select_block=128, select_warps=4)
+        return IndexerConfig(block_h=block_h, block_k=32, chunk_tiles=2, rows_per_program=rows, num_warps=4,
+                             num_stages=1, use_fp8_dot=False, dot_bf16=dot_bf16, sw_fp8=False, select="triton",
+                             select_block=128, select_warps=4)
     fp8_dot = q_fp8 and k_fp8 and arch.fp8_hw and (arch.backend != "cuda" or int(arch.target) >= 89)
-    # one warpgroup per program on Hopper/Blackwell (wgmma); 8 warps elsewhere (sm120 spills with 4 at 32 heads)
-    warps = 4 if arch.name in ("sm90", "sm100") else 8
-    return IndexerConfig(block_h=block_h, block_k=64, chunk_tiles=64, num_warps=warps, num_stages=3,
-                         use_fp8_dot=fp8_dot, dot_bf16=dot_bf16, sw_fp8=(q_fp8 or k_fp8) and not arch.fp8_hw,
-                         select_block=1024, select_warps=8)
+    if arch.name == "sm90":
+        # one warpgroup (wgmma), 128-position tiles, 2 stages, 16 tiles per program: the fastest of the sweep on
+        # the H200 (benchmarks/indexer_sweep.py; NOTES.md) for decode and prefill, 32 and 64 heads
+        block_k, chunk_tiles, warps, stages = 128, 16, 4, 2
+    else:
+        # unmeasured: 64-position tiles, 8 warps, one row per program (the compile matrix: 128-position tiles
+        # spill with row groups on sm80/sm100, 4 warps on sm120, row groups on sm80/sm89)
+        block_k, chunk_tiles, warps, stages = 64, 32, 8, 3
+        rows = 1
+    # Selection: torch.topk (a radix select, no full sort, graph-safe) ran faster than the Triton select kernel at
+    # every measured size on the H200 (decode 128K: 0.20 vs 0.46 ms; prefill 4096 x 32K: 1.89 vs 2.67 ms).
+    return IndexerConfig(block_h=block_h, block_k=block_k, chunk_tiles=chunk_tiles, rows_per_program=rows,
+                         num_warps=warps, num_stages=stages, use_fp8_dot=fp8_dot, dot_bf16=dot_bf16,
+                         sw_fp8=(q_fp8 or k_fp8) and not arch.fp8_hw, select="torch", select_block=4096,
+                         select_warps=8)
 
 
 def choose_indexer_config(p: IndexerProblem, **overrides) -> IndexerConfig:
@@ -197,7 +217,8 @@ def choose_indexer_config(p: IndexerProblem, **overrides) -> IndexerConfig:
         arch = arch_for_device(dev)
         if arch is None:
             raise ValueError(f"q: {describe_device(dev)} is not a declared architecture of triton_mla_sparse")
-    cfg = indexer_config_for(arch, hi=p.Hi, q_fp8=p.q_fp8, k_fp8=p.k_fp8, dot_bf16=dot_bf16)
+    cfg = indexer_config_for(arch, hi=p.Hi, q_fp8=p.q_fp8, k_fp8=p.k_fp8, dot_bf16=dot_bf16,
+                             shared_rows=p.T > p.block_table.shape[0])
     if overrides:
         from dataclasses import replace
 
@@ -246,27 +267,47 @@ def check_indexer_topk_inputs(q, weights, k_cache, block_table, req_id_per_token
     return p, max_len
 
 
-def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, topk, *, max_len=None, out=None):
+def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, topk, *, max_len=None, out=None,
+                 select=None):
     """Request-local positions int32 ``[T, topk]`` of each row's ``topk`` largest indexer logits (any order; -1
     padded when the row has fewer than ``topk`` candidates), with the Triton kernels.
 
     Same contract as :func:`triton_mla_sparse.reference.indexer_topk`. ``max_len`` bounds the positions considered
     (default: the block table's capacity, max_blocks · block_size); the logits kernel writes a float32
-    ``[T, max_len]`` workspace, then a per-row radix (bitwise threshold) selection picks the positions without
-    sorting. Shapes alone decide every allocation: no host synchronisation, CUDA-graph capturable. The result plugs
-    into :func:`triton_mla_sparse.topk_to_slots`.
+    ``[T, max_len]`` workspace, then a selection picks the positions without sorting: ``select="torch"``
+    (``torch.topk``, a radix select; the default on GPUs, where it measured faster) or ``"triton"`` (this
+    package's radix-select kernel: four 256-bin histogram passes find the k-th largest logit, a last pass writes
+    the positions; the default under the interpreter), ``None`` = the configuration's choice. Shapes alone decide
+    every allocation: no host synchronisation, CUDA-graph capturable. The result plugs into
+    :func:`triton_mla_sparse.topk_to_slots`.
     """
     p, max_len = check_indexer_topk_inputs(q, weights, k_cache, block_table, req_id_per_token, positions, topk,
                                            max_len, out)
+    if select is not None and select not in SELECTS:
+        _fail("select", f"one of {SELECTS} or None", repr(select))
     check_kernel_device(p.device)
     result = out if out is not None else torch.empty(p.T, topk, dtype=torch.int32, device=p.device)
     if p.T:
-        cfg = choose_indexer_config(p)
+        cfg = choose_indexer_config(p, **({"select": select} if select else {}))
         logits = torch.empty(p.T, max_len, dtype=torch.float32, device=p.device)
         from .kernels.indexer import launch_topk_select
 
         with torch.cuda.device(p.device) if p.device.type == "cuda" else contextlib.nullcontext():
             if max_len:
                 _launch_logits(p, logits, cfg)
-            launch_topk_select(logits, result, topk, cfg)
+            if cfg.select == "triton":
+                launch_topk_select(logits, result, topk, cfg)
+            else:
+                _torch_select(logits, result, topk)
     return result
+
+
+def _torch_select(logits: torch.Tensor, out: torch.Tensor, topk: int) -> None:
+    """``torch.topk`` over the logits with the contract's padding: -inf (not a candidate) and columns past
+    ``max_len`` become -1."""
+    k = min(topk, logits.shape[1])
+    if k:
+        vals, idx = torch.topk(logits, k, dim=1, sorted=False)
+        out[:, :k] = torch.where(vals == float("-inf"), -1, idx.to(torch.int32))
+    if k < topk:
+        out[:, k:] = -1

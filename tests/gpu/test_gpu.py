@@ -400,3 +400,25 @@ def test_large_cache_64bit_offsets(fmt):
         check_against_reference(out, lse, q, cache, idx, kv_format=fmt, all_rows=True)
     del cache
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_cached_launch_follows_each_specialisation(pool, kernel):
+    """The cached launcher (kernels/launch.py) must never reuse a compiled kernel across specialisations: calls
+    alternate between 16-byte aligned and misaligned tensors and between strides divisible by 16 and not, and
+    each result must match the reference (a reused aligned build on misaligned data reads the wrong elements or
+    faults)."""
+    T, H = 64 if DEV == "cuda" else 4, 16
+    c = pool.caches["bf16"]
+    idx = make_indices(pool, T)
+    base = make_q(T, H, c.q_dtype)
+    flat = torch.empty(T * H * 576 + 1, dtype=c.q_dtype, device=DEV)
+    misaligned = flat[1:].view(T, H, 576)  # starts 2 bytes past an aligned address
+    misaligned.copy_(base)
+    wide = torch.empty(T, H, 584, dtype=c.q_dtype, device=DEV)[..., :576]  # head stride 584: not divisible by 16
+    wide.copy_(base)
+    out_mis = torch.full((T * H * 512 + 1,), float("nan"), dtype=c.q_dtype, device=DEV)[1:].view(T, H, 512)
+    for _ in range(2):
+        for q, out in ((base, None), (misaligned, None), (wide, None), (base, out_mis), (misaligned, out_mis)):
+            o, lse, _ = run(q, c, idx, kernel=kernel, out=None if out is None else out.fill_(float("nan")))
+            check_against_reference(o, lse, base, c.tensor, idx, kv_format=c.kv_format)

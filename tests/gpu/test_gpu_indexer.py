@@ -89,7 +89,7 @@ def test_indexer_real_sizes(kind, Hi, fmt):
     c, ctx = make(kind, Hi, fmt)
     T = c["positions"].shape[0]
     logits = tms.indexer_logits(*args(c), ctx)
-    sel = tms.indexer_topk(*args(c), TOPK)
+    sels = {select: tms.indexer_topk(*args(c), TOPK, select=select) for select in ("torch", "triton")}
     torch.cuda.synchronize()
     rows = torch.linspace(0, T - 1, CHECK_ROWS, device="cuda").long()
     ref = reference.indexer_logits(*args(c, rows), ctx)
@@ -99,19 +99,21 @@ def test_indexer_real_sizes(kind, Hi, fmt):
     err = ((ours - ref)[~ninf].norm() / ref[~ninf].norm()).item()
     tol = 2e-3 if fmt == "fp8" else 1e-4
     assert err < tol, err
-    check_topk(sel[rows], ref, TOPK, atol=4 * tol)
+    for sel in sels.values():
+        check_topk(sel[rows], ref, TOPK, atol=4 * tol)
 
 
+@pytest.mark.parametrize("select", ["torch", "triton"])
 @pytest.mark.parametrize("fmt", ["fp8", "bf16"])
-def test_indexer_cuda_graph(fmt):
+def test_indexer_cuda_graph(fmt, select):
     c, _ = make("decode", 64, fmt, seed=1)
     c2, _ = make("decode", 64, fmt, seed=2)
     static = {k: v.clone() for k, v in c.items()}
-    tms.indexer_topk(*args(static), TOPK)  # compile outside the capture
+    tms.indexer_topk(*args(static), TOPK, select=select)  # compile outside the capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = tms.indexer_topk(*args(static), TOPK)
+        out = tms.indexer_topk(*args(static), TOPK, select=select)
     for src in (c, c2):
         for k in ("q", "weights", "positions"):
             static[k].copy_(src[k])
@@ -119,5 +121,5 @@ def test_indexer_cuda_graph(fmt):
         static["block_table"].copy_(src["block_table"])
         g.replay()
         torch.cuda.synchronize()
-        eager = tms.indexer_topk(*args(static), TOPK)
+        eager = tms.indexer_topk(*args(static), TOPK, select=select)
         assert torch.equal(torch.sort(out, 1).values, torch.sort(eager, 1).values)

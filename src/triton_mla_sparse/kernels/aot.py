@@ -113,7 +113,7 @@ def compile_indexer_logits(arch, cfg, *, q_fp8: bool, k_fp8: bool):
             "block_size", "num_blocks", "R", "max_blocks", "n_chunks", "chunk"]
     sig.update({n: "i32" for n in ints})
     const = dict(Q_FP8=q_fp8, K_FP8=k_fp8, USE_FP8_DOT=cfg.use_fp8_dot, DOT_BF16=cfg.dot_bf16, SW_FP8=cfg.sw_fp8,
-                 BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k)
+                 BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, ROWS=cfg.rows_per_program)
     div = list(sig)[:7] + ["stride_q_t", "stride_q_h", "stride_k_blk", "stride_k_row", "stride_o_t", "block_size"]
     return _compile(I._indexer_logits_kernel, sig, const, div, arch, cfg.num_warps, cfg.num_stages)
 
@@ -129,12 +129,14 @@ def compile_topk_select(arch, cfg):
 
 
 # The indexer builds the matrix checks: (heads, q format, k format). DeepSeek-V3.2 64 heads, GLM-5 32; fp8 is
-# vLLM's layout, bf16 the 16-bit alternative.
+# vLLM's layout, bf16 the 16-bit alternative; each for decode rows (one per request) and prefill rows (groups of
+# rows of one request share each K tile).
 INDEXER_BUILDS = ((64, "fp8", "fp8"), (32, "fp8", "fp8"), (64, "bf16", "bf16"))
+INDEXER_LOGITS_KERNELS = ("indexer_logits_decode", "indexer_logits_prefill")
 
 
 def indexer_matrix_entries():
-    return [(hi, qf, kf, kernel) for hi, qf, kf in INDEXER_BUILDS for kernel in ("indexer_logits",)] + \
+    return [(hi, qf, kf, kernel) for hi, qf, kf in INDEXER_BUILDS for kernel in INDEXER_LOGITS_KERNELS] + \
         [(0, "", "", "topk_select")]
 
 
@@ -204,7 +206,8 @@ def compile_matrix(arch_name: str) -> list[dict]:
     from ..indexer import indexer_config_for
 
     for hi, qf, kf, kernel in indexer_matrix_entries():
-        icfg = indexer_config_for(arch, hi=hi or 64, q_fp8=qf == "fp8", k_fp8=kf == "fp8", dot_bf16=qf == "bf16")
+        icfg = indexer_config_for(arch, hi=hi or 64, q_fp8=qf == "fp8", k_fp8=kf == "fp8", dot_bf16=qf == "bf16",
+                                  shared_rows=kernel.endswith("prefill"))
         item = dict(arch=arch_name, hc=hi, cc=qf, fmt=kf, kernel=kernel, config=repr(icfg))
         try:
             built = (compile_topk_select(arch, icfg) if kernel == "topk_select" else

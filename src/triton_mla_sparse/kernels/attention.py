@@ -17,6 +17,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .launch import CachedLauncher
+
 # kv_format codes (constexpr)
 FMT_NATIVE = 0  # bf16 / fp16 rows, loaded as stored
 FMT_FP8 = 1  # float8_e4m3fn rows (passed as uint8), one per-tensor scale
@@ -268,6 +270,9 @@ def _combine_kernel(
     tl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
 
 
+_launch_fwd = CachedLauncher(_sparse_mla_fwd_kernel)
+_launch_combine = CachedLauncher(_combine_kernel)
+
 _FMT_CODES = {"bf16": FMT_NATIVE, "fp16": FMT_NATIVE, "fp8_e4m3": FMT_FP8, "fp8_ds_mla": FMT_FP8_DS_MLA}
 
 
@@ -307,8 +312,8 @@ def launch_sparse_mla(p, cfg, out, lse=None):
         FMT=fmt, CONVERT=convert, HAS_ROPE=has_rope, HAS_TOPK_LEN=p.topk_length is not None,
         HAS_SINK=p.attn_sink is not None, K_SCALE_PTR=k_scale_ptr,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (q_nope, q_pe, kv, p.indices, topk_len, sink, k_scale_t)
     qstrides = (q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
                 kv.stride(0), kv.stride(1), p.indices.stride(0), p.indices.stride(1), topk_len.stride(0),
@@ -316,20 +321,20 @@ def launch_sparse_mla(p, cfg, out, lse=None):
     sizes = (T, H, p.topk, p.num_slots, p.block_size)
     scales = (p.softmax_scale * LOG2E, k_scale_f)
     if cfg.kernel == "prefill":
-        _sparse_mla_fwd_kernel[(T, n_hb)](
+        _launch_fwd((T, n_hb), (
             *args, out, lse, *qstrides,
             out.stride(0), 0, out.stride(1), lse.stride(0), 0, lse.stride(1),
-            *sizes, 1, p.topk, *scales, SPLIT=False, **common)
+            *sizes, 1, p.topk, *scales), dict(common, SPLIT=False), **opts)
         return lse
-    _sparse_mla_fwd_kernel[(T * ns, n_hb)](
+    _launch_fwd((T * ns, n_hb), (
         *args, part_o, part_lse, *qstrides,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
-        *sizes, ns, cfg.split_len, *scales, SPLIT=True, **common)
-    _combine_kernel[(T, triton.cdiv(H, cfg.combine_block_h))](
+        *sizes, ns, cfg.split_len, *scales), dict(common, SPLIT=True), **opts)
+    _launch_combine((T, triton.cdiv(H, cfg.combine_block_h)), (
         part_o, part_lse, sink, out, lse,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), sink.stride(0),
-        H, ns, HAS_SINK=p.attn_sink is not None, BLOCK_H=cfg.combine_block_h, num_warps=cfg.combine_warps)
+        H, ns), dict(HAS_SINK=p.attn_sink is not None, BLOCK_H=cfg.combine_block_h), num_warps=cfg.combine_warps)
     return lse

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from .attention import _e4m3_to_f32
+from .launch import CachedLauncher
 
 D_INDEX = 128  # index head dim
 
@@ -38,28 +39,9 @@ def _to_dot(raw, IS_FP8: tl.constexpr, SW_FP8: tl.constexpr, DOT_BF16: tl.conste
 
 
 @triton.jit
-def _logits_tile(q_t, b_w, k_ptr, bt_row, o_k, pos, max_len, block_size, num_blocks, max_blocks, stride_bt_c,
-                 stride_k_blk, stride_k_row, o_d, K_FP8: tl.constexpr, Q_FP8: tl.constexpr,
-                 USE_FP8_DOT: tl.constexpr, DOT_BF16: tl.constexpr, SW_FP8: tl.constexpr):
-    """Logits [BLOCK_K] of request-local positions ``o_k`` for one row (q_t: its heads in dot form, b_w: their
-    weights); -inf where a position is not a candidate. Masked positions are never dereferenced."""
-    col = o_k // block_size
-    m_k = (o_k < max_len) & (o_k <= pos) & (col < max_blocks)
-    blk = tl.load(bt_row + tl.where(m_k, col, 0).to(tl.int64) * stride_bt_c, mask=m_k, other=-1)
-    m_k = m_k & (blk >= 0) & (blk < num_blocks)
-    blk = tl.where(m_k, blk, 0).to(tl.int64)
-    off = tl.where(m_k, o_k - col * block_size, 0).to(tl.int64)
-    p_blk = k_ptr + blk * stride_k_blk
-    b_k = tl.load((p_blk + off * stride_k_row)[:, None] + o_d[None, :], mask=m_k[:, None], other=0)
-    if USE_FP8_DOT:
-        b_s = tl.dot(q_t, tl.trans(b_k.to(tl.float8e4nv, bitcast=True)))
-    else:
-        b_s = tl.dot(q_t, tl.trans(_to_dot(b_k, K_FP8, SW_FP8, DOT_BF16)))
-    if K_FP8:
-        b_ks = tl.load((p_blk + block_size * 128 + off * 4).to(tl.pointer_type(tl.float32)), mask=m_k, other=0.0)
-        b_s = b_s * b_ks[None, :]
-    b_val = tl.sum(tl.maximum(b_s, 0.0) * b_w[:, None], 0)
-    return tl.where(m_k, b_val, float("-inf"))
+def _row_scalar(v, o_r, r):
+    """Element ``r`` of the small per-row vector ``v``."""
+    return tl.sum(tl.where(o_r == r, v, 0), 0)
 
 
 @triton.jit(do_not_specialize=["T", "max_len", "num_blocks", "R", "max_blocks", "n_chunks", "chunk"])
@@ -70,48 +52,88 @@ def _indexer_logits_kernel(
     stride_bt_r, stride_bt_c, stride_req, stride_pos, stride_o_t, stride_o_p,
     T, Hi, max_len, block_size, num_blocks, R, max_blocks, n_chunks, chunk,
     Q_FP8: tl.constexpr, K_FP8: tl.constexpr, USE_FP8_DOT: tl.constexpr, DOT_BF16: tl.constexpr,
-    SW_FP8: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    SW_FP8: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
 ):
-    """One program per (row, chunk of ``chunk`` positions, a multiple of BLOCK_K): q and the weights of the row
-    are loaded once, then the chunk's candidate tiles are computed in a (software-pipelined) loop and the rest of
-    the chunk is filled with -inf."""
+    """One program per (group of ROWS consecutive rows, chunk of ``chunk`` positions, a multiple of BLOCK_K).
+
+    The group's q is loaded once, transposed, as the [128, ROWS·BLOCK_H] right operand; per tile of BLOCK_K
+    positions the scores come from one dot ``k [BLOCK_K, 128] · qᵀ`` (heads along N, so the weighted ReLU sum
+    over heads stays inside each thread's row), and each row of the group stores its logits. Rows of one
+    request share every K tile (prefill); a group whose rows belong to different requests is done one row per
+    pass. Columns past a row's position (or of a row with an invalid request id) are -inf and never read."""
+    RH: tl.constexpr = ROWS * BLOCK_H
     pid = tl.program_id(0)
-    i_t = (pid // n_chunks).to(tl.int64)
+    g = pid // n_chunks
     k0 = (pid % n_chunks) * chunk
     k1 = tl.minimum(k0 + chunk, max_len)  # this program writes columns [k0, k1)
     o_b = tl.arange(0, BLOCK_K)
-    p_o = out_ptr + i_t * stride_o_t
+    o_d = tl.arange(0, 128)
+    o_r = tl.arange(0, ROWS)
+    o_j = tl.arange(0, RH)
+    t_r = g.to(tl.int64) * ROWS + o_r
+    m_r = t_r < T
+    pos_r = tl.load(pos_ptr + t_r * stride_pos, mask=m_r, other=-1)
+    req_r = tl.load(req_ptr + t_r * stride_req, mask=m_r, other=-1)
+    req0 = _row_scalar(req_r, o_r, 0)
+    uniform = tl.sum(((req_r != req0) & m_r).to(tl.int32), 0) == 0
 
-    pos = tl.load(pos_ptr + i_t * stride_pos)
-    req = tl.load(req_ptr + i_t * stride_req)
-    req_ok = (req >= 0) & (req < R)
-    # candidate columns of this chunk: [k0, k_hi); none for a row with an invalid request id
-    k_hi = tl.where(req_ok, tl.minimum(k1 - 1, pos) + 1, k0)
-    k_hi = tl.maximum(k_hi, k0)
-    if k_hi > k0:
-        o_h = tl.arange(0, BLOCK_H)
-        m_h = o_h < Hi
-        o_d = tl.arange(0, 128)
-        b_q = tl.load(q_ptr + i_t * stride_q_t + o_h[:, None].to(tl.int64) * stride_q_h + o_d[None, :],
-                      mask=m_h[:, None], other=0)
-        if USE_FP8_DOT:
-            q_t = b_q.to(tl.float8e4nv, bitcast=True)
-        else:
-            q_t = _to_dot(b_q, Q_FP8, SW_FP8, DOT_BF16)
-        b_w = tl.load(w_ptr + i_t * stride_w_t + o_h * stride_w_h, mask=m_h, other=0.0)
+    # q of the group, transposed: column j = (row j // BLOCK_H, head j % BLOCK_H); padded heads/rows are 0.
+    row_j = o_j // BLOCK_H
+    head_j = o_j % BLOCK_H
+    t_j = g.to(tl.int64) * ROWS + row_j
+    m_j = (head_j < Hi) & (t_j < T)
+    b_q = tl.load(q_ptr + t_j[None, :] * stride_q_t + head_j[None, :].to(tl.int64) * stride_q_h + o_d[:, None],
+                  mask=m_j[None, :], other=0)
+    if USE_FP8_DOT:
+        q_t = b_q.to(tl.float8e4nv, bitcast=True)
+    else:
+        q_t = _to_dot(b_q, Q_FP8, SW_FP8, DOT_BF16)
+    b_w = tl.load(w_ptr + t_j * stride_w_t + head_j * stride_w_h, mask=m_j, other=0.0)
+
+    n_pass = tl.where(uniform, 1, ROWS)
+    for i_p in range(0, n_pass):
+        act_r = m_r & (uniform | (o_r == i_p))
+        req = tl.where(uniform, req0, _row_scalar(req_r, o_r, i_p))
+        req_ok = (req >= 0) & (req < R)
+        # candidate columns of active row r: [k0, hi_r); the pass computes tiles up to the largest
+        hi_r = tl.where(act_r & req_ok, tl.minimum(k1 - 1, pos_r) + 1, k0)
+        hi = tl.max(tl.maximum(hi_r, k0), 0)
         bt_row = bt_ptr + tl.where(req_ok, req, 0).to(tl.int64) * stride_bt_r
-        for kk in range(k0, k_hi, BLOCK_K):
+        for kk in range(k0, hi, BLOCK_K):
             o_k = kk + o_b
-            b_out = _logits_tile(q_t, b_w, k_ptr, bt_row, o_k, pos, max_len, block_size, num_blocks, max_blocks,
-                                 stride_bt_c, stride_k_blk, stride_k_row, o_d, K_FP8, Q_FP8, USE_FP8_DOT, DOT_BF16,
-                                 SW_FP8)
-            tl.store(p_o + o_k.to(tl.int64) * stride_o_p, b_out, mask=o_k < k1)
-    # the rest of the chunk (past the row's position): -inf
-    k_fill = k0 + tl.cdiv(k_hi - k0, BLOCK_K) * BLOCK_K
-    for kk in range(k_fill, k1, BLOCK_K):
-        o_k = kk + o_b
-        tl.store(p_o + o_k.to(tl.int64) * stride_o_p, tl.full([BLOCK_K], float("-inf"), dtype=tl.float32),
-                 mask=o_k < k1)
+            col = o_k // block_size
+            m_k = (o_k < hi) & (col < max_blocks)
+            blk = tl.load(bt_row + tl.where(m_k, col, 0).to(tl.int64) * stride_bt_c, mask=m_k, other=-1)
+            m_k = m_k & (blk >= 0) & (blk < num_blocks)
+            blk = tl.where(m_k, blk, 0).to(tl.int64)
+            off = tl.where(m_k, o_k - col * block_size, 0).to(tl.int64)
+            p_blk = k_ptr + blk * stride_k_blk
+            b_k = tl.load((p_blk + off * stride_k_row)[:, None] + o_d[None, :], mask=m_k[:, None], other=0)
+            if USE_FP8_DOT:
+                b_s = tl.dot(b_k.to(tl.float8e4nv, bitcast=True), q_t)
+            else:
+                b_s = tl.dot(_to_dot(b_k, K_FP8, SW_FP8, DOT_BF16), q_t)
+            if K_FP8:
+                p_sc = (p_blk + block_size * 128 + off * 4).to(tl.pointer_type(tl.float32))
+                b_s = b_s * tl.load(p_sc, mask=m_k, other=0.0)[:, None]
+            b_v = tl.maximum(b_s, 0.0) * b_w[None, :]
+            for r in tl.static_range(ROWS):
+                if ROWS == 1:
+                    val = tl.sum(b_v, 1)
+                else:
+                    val = tl.sum(tl.where((row_j == r)[None, :], b_v, 0.0), 1)
+                cand = m_k & (o_k < _row_scalar(hi_r, o_r, r))
+                act = (o_k * 0 + _row_scalar(act_r.to(tl.int32), o_r, r)) != 0  # (a vector: the interpreter
+                tl.store(out_ptr + (g.to(tl.int64) * ROWS + r) * stride_o_t + o_k.to(tl.int64) * stride_o_p,
+                         tl.where(cand, val, float("-inf")), mask=(o_k < k1) & act)  # rejects scalar masks)
+        # the rest of the chunk for the active rows: -inf
+        k_fill = k0 + tl.cdiv(hi - k0, BLOCK_K) * BLOCK_K
+        for kk in range(k_fill, k1, BLOCK_K):
+            o_k = kk + o_b
+            for r in tl.static_range(ROWS):
+                act = (o_k * 0 + _row_scalar(act_r.to(tl.int32), o_r, r)) != 0
+                tl.store(out_ptr + (g.to(tl.int64) * ROWS + r) * stride_o_t + o_k.to(tl.int64) * stride_o_p,
+                         tl.full([BLOCK_K], float("-inf"), dtype=tl.float32), mask=(o_k < k1) & act)
 
 
 @triton.jit
@@ -183,6 +205,10 @@ def _topk_select_kernel(
                  mask=(o_j >= need) & (o_j < topk))
 
 
+_launch_logits = CachedLauncher(_indexer_logits_kernel)
+_launch_select = CachedLauncher(_topk_select_kernel)
+
+
 def launch_indexer_logits(p, out, cfg):
     """Logits of the validated problem ``p`` (an ``IndexerProblem``) into ``out`` float32 [T, max_len]."""
     import torch
@@ -192,19 +218,19 @@ def launch_indexer_logits(p, out, cfg):
     n_chunks = triton.cdiv(max_len, chunk)
     if T == 0 or n_chunks == 0:
         return
+    rows = cfg.rows_per_program
     q = p.q.view(torch.uint8) if p.q_fp8 else p.q
     k = p.k
-    _indexer_logits_kernel[(T * n_chunks,)](
+    _launch_logits((triton.cdiv(T, rows) * n_chunks,), (
         q, p.weights, k, p.block_table, p.req_id_per_token, p.positions, out,
         q.stride(0), q.stride(1), p.weights.stride(0), p.weights.stride(1),
         p.k_block_stride, p.k_row_stride,
         p.block_table.stride(0), p.block_table.stride(1), p.req_id_per_token.stride(0), p.positions.stride(0),
         out.stride(0), out.stride(1),
         T, p.Hi, max_len, p.block_size, p.num_blocks, p.block_table.shape[0], p.block_table.shape[1], n_chunks,
-        chunk,
-        Q_FP8=p.q_fp8, K_FP8=p.k_fp8, USE_FP8_DOT=cfg.use_fp8_dot, DOT_BF16=cfg.dot_bf16, SW_FP8=cfg.sw_fp8,
-        BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+        chunk), dict(Q_FP8=p.q_fp8, K_FP8=p.k_fp8, USE_FP8_DOT=cfg.use_fp8_dot, DOT_BF16=cfg.dot_bf16,
+                     SW_FP8=cfg.sw_fp8, BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, ROWS=rows),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def launch_topk_select(logits, out, topk, cfg):
@@ -212,7 +238,5 @@ def launch_topk_select(logits, out, topk, cfg):
     T, L = logits.shape
     if T == 0:
         return
-    _topk_select_kernel[(T,)](
-        logits, out, logits.stride(0), logits.stride(1), out.stride(0), out.stride(1),
-        T, L, topk, BLOCK=cfg.select_block, num_warps=cfg.select_warps,
-    )
+    _launch_select((T,), (logits, out, logits.stride(0), logits.stride(1), out.stride(0), out.stride(1), T, L, topk),
+                   dict(BLOCK=cfg.select_block), num_warps=cfg.select_warps)

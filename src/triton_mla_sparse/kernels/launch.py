@@ -1,0 +1,57 @@
+"""A cheaper launch for our Triton kernels: call the compiled kernel of a known specialisation directly.
+
+``kernel[grid](*args)`` binds and specialises every argument in Python on each call before it looks the compiled
+kernel up; for the attention kernel's ~45 arguments that cost about 40 µs per launch on the H200 machine's host
+(``benchmarks/host_overhead.py``), more than the GPU time of a small decode step. :class:`CachedLauncher` keeps the
+``CompiledKernel`` that the first normal launch of each specialisation returns, under a key holding everything
+Triton specialises on for these arguments — the constexprs and launch options, each tensor's dtype and 16-byte
+alignment, each int's value class (== 1, divisible by 16, 32/64-bit) — and launches later calls through
+``CompiledKernel[grid](*args)``. A new key always goes through Triton's own path, so the first call of a
+specialisation (and every call under the interpreter) behaves exactly as a plain launch.
+``TRITON_MLA_SPARSE_FAST_LAUNCH=0`` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_ENABLED = os.environ.get("TRITON_MLA_SPARSE_FAST_LAUNCH", "1") not in ("0", "")
+
+
+def _arg_key(v):
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
+    if isinstance(v, bool):
+        return ("b", v)
+    if isinstance(v, int):
+        return (v == 1, v % 16 == 0, -(2**31) <= v < 2**31, v < 2**63)
+    if isinstance(v, float):
+        return "f"
+    return (type(v), v)  # anything else (None, dtypes): by value
+
+
+class CachedLauncher:
+    """``launcher(grid, args, constexprs, num_warps=, num_stages=)`` for one ``@triton.jit`` kernel; ``args`` are the
+    runtime arguments in the kernel's parameter order (the constexpr parameters come last in our kernels)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.names = list(kernel.arg_names)
+        self.cache: dict = {}
+
+    def __call__(self, grid, args, constexprs: dict, *, num_warps: int, num_stages: int = 1):
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        if not _ENABLED or args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cuda":
+            return self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        key = (tuple(constexprs.items()), num_warps, num_stages, torch.cuda.current_device(),
+               tuple(_arg_key(a) for a in args))
+        compiled = self.cache.get(key)
+        if compiled is None:
+            compiled = self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+            if compiled is not None and hasattr(compiled, "__getitem__"):
+                self.cache[key] = compiled
+            return compiled
+        compiled[grid](*args, *[constexprs[n] for n in self.names[len(args):]])
+        return compiled
