@@ -46,30 +46,42 @@ def make(kind, Hi, ctx, rows=4096, seed=0):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--wide", action="store_true", help="larger tiles and chunks around the chosen config")
+    ap.add_argument("--no-select", action="store_true", help="time the logits kernel only")
+    ap.add_argument("--only", default="", help="decode or prefill: run only those cases")
+    ap.add_argument("--maxnreg", default="0", help="comma list of register caps to try (0 = none)")
     a = ap.parse_args()
     cases = [("decode", 64, 32768), ("decode", 64, 131072), ("decode", 32, 131072), ("prefill", 64, 32768),
              ("prefill", 32, 32768)]
     grid = list(itertools.product((64, 128), (16, 64), (4, 8), (2, 3)))
+    if a.wide:
+        grid = list(itertools.product((128, 256), (8, 16, 32), (4, 8), (2, 3)))
     if a.quick:
-        grid = [(64, 64, 4, 3), (128, 32, 4, 3), (64, 16, 4, 3), (64, 64, 8, 3), (128, 32, 8, 3)]
+        grid = [(128, 16, 4, 2), (128, 32, 4, 2), (128, 16, 4, 3), (64, 16, 4, 2)]
+    caps = [int(x) or None for x in a.maxnreg.split(",")]
+    grid = [g + (cap,) for g in grid for cap in caps]
     for kind, Hi, ctx in cases:
+        if a.only and kind != a.only:
+            continue
         args, L = make(kind, Hi, ctx)
         p = I.check_indexer_inputs(*args)
         out = torch.empty(p.T, L, dtype=torch.float32, device="cuda")
         res = []
-        for bk, ct, w, st in grid:
-            cfg = I.choose_indexer_config(p, block_k=bk, chunk_tiles=ct, num_warps=w, num_stages=st)
+        for bk, ct, w, st, cap in grid:
+            cfg = I.choose_indexer_config(p, block_k=bk, chunk_tiles=ct, num_warps=w, num_stages=st, maxnreg=cap)
             try:
                 I._launch_logits(p, out, cfg)
                 ms = triton.testing.do_bench(lambda: I._launch_logits(p, out, cfg), warmup=5, rep=40)
             except Exception as e:  # noqa: BLE001
-                print(f"{kind} h{Hi} {ctx}: bk{bk} ct{ct} w{w} s{st} failed: {type(e).__name__}: {str(e)[:200]}")
+                print(f"{kind} h{Hi} {ctx}: bk{bk} ct{ct} w{w} s{st} r{cap} failed: {type(e).__name__}: {str(e)[:200]}")
                 continue
             gbps = p.T * (ctx if kind == "decode" else ctx - 2048) * (D + 4) / ms / 1e6
-            res.append((ms, bk, ct, w, st, gbps))
+            res.append((ms, bk, ct, w, st, cap or 0, gbps))
         res.sort()
-        for ms, bk, ct, w, st, gbps in res[:6]:
-            print(f"{kind} h{Hi} ctx{ctx}: logits {ms:.4f} ms  bk{bk} ct{ct} w{w} s{st}  ({gbps:.0f} GB/s of K)")
+        for ms, bk, ct, w, st, cap, gbps in res[:6]:
+            print(f"{kind} h{Hi} ctx{ctx}: logits {ms:.4f} ms  bk{bk} ct{ct} w{w} s{st} r{cap}  ({gbps:.0f} GB/s of K)")
+        if a.no_select:
+            continue
         sel = torch.empty(p.T, TOPK, dtype=torch.int32, device="cuda")
         cfg = I.choose_indexer_config(p)
         for sb, sw in ((4096, 16), (2048, 8), (8192, 16), (4096, 8)):

@@ -6,6 +6,7 @@ names the argument and what was expected. The result is a normalised :class:`Att
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -247,3 +248,11 @@ def check_kernel_device(dev: torch.device) -> None:
         except ImportError:
             raise ValueError("q: CPU tensors run through Triton's interpreter, which needs numpy "
                              "(pip install numpy, or triton-mla-sparse[cpu])") from None
+
+
+def device_guard(dev: torch.device):
+    """A context making ``dev`` the current device for Triton's launches (which go to the current device); a no-op
+    (no device switch on the per-call path) when it already is current, and for CPU tensors."""
+    if dev.type == "cuda" and dev.index is not None and dev.index != torch.cuda.current_device():
+        return torch.cuda.device(dev)
+    return contextlib.nullcontext()

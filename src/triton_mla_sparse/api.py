@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from ._checks import check_attention_inputs, check_kernel_device
+from ._checks import check_attention_inputs, check_kernel_device, device_guard
 from .capabilities import arch_for_device, describe_device, unsupported_reasons
 from .formats import D_V
 from .kernels.configs import choose_config
@@ -55,10 +55,7 @@ def sparse_mla_attention_with_config(q, kv_cache, indices, softmax_scale, *, kv_
     if p.T > 0:
         from .kernels.attention import launch_sparse_mla
 
-        if dev.type == "cuda" and dev.index is not None and dev.index != torch.cuda.current_device():
-            with torch.cuda.device(dev):
-                lse = launch_sparse_mla(p, cfg, result, lse)
-        else:
+        with device_guard(dev):
             lse = launch_sparse_mla(p, cfg, result, lse)
     elif lse is None:
         lse = torch.empty(0, p.H, dtype=torch.float32, device=dev)

@@ -594,9 +594,10 @@ def _invalid_columns(inp: IndexerInputs) -> torch.Tensor | None:
 
 
 def _topk_positions(logits: torch.Tensor, topk: int) -> torch.Tensor:
-    """torch.topk of each row, -1 where the value is -inf (not a candidate) or past the row's width."""
+    """torch.topk of each row, -1 where the value is -inf (not a candidate) or past the row's width. Unsorted: the
+    contract leaves the order free, and sorted=False measured 12-20 % faster on the H200 (the strictest peer)."""
     k = min(topk, logits.shape[1])
-    vals, idx = torch.topk(logits, k, dim=1)
+    vals, idx = torch.topk(logits, k, dim=1, sorted=False)
     idx = idx.masked_fill(torch.isneginf(vals), -1)
     if k < topk:
         idx = torch.cat([idx, idx.new_full((idx.shape[0], topk - k), -1)], 1)

@@ -9,12 +9,12 @@ the docstring of :func:`triton_mla_sparse.reference.indexer_logits` / :func:`~tr
 
 from __future__ import annotations
 
-import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
 
-from ._checks import _desc, _fail, check_kernel_device, check_paged_strides
+from ._checks import _desc, _fail, check_kernel_device, check_paged_strides, device_guard
 
 __all__ = ["IndexerProblem", "check_indexer_inputs", "indexer_logits", "indexer_topk"]
 
@@ -169,11 +169,13 @@ class IndexerConfig:
     select: str  # "torch" (torch.topk over the logits) or "triton" (the radix-select kernel)
     select_block: int
     select_warps: int
+    maxnreg: int | None = None  # register cap per thread for the logits kernel (None: ptxas decides)
 
 
 SELECTS = ("torch", "triton")
 
 
+@functools.lru_cache(maxsize=1024)
 def indexer_config_for(arch, *, hi: int, q_fp8: bool, k_fp8: bool, dot_bf16: bool,
                        shared_rows: bool = False) -> IndexerConfig:
     """The launch parameters on ``arch`` (a :class:`~triton_mla_sparse.capabilities.Arch`; None: Triton's
@@ -251,7 +253,7 @@ def indexer_logits(q, weights, k_cache, block_table, req_id_per_token, positions
     result = out if out is not None else torch.empty(p.T, max_len, dtype=torch.float32, device=p.device)
     if p.T and max_len:
         cfg = choose_indexer_config(p)
-        with torch.cuda.device(p.device) if p.device.type == "cuda" else contextlib.nullcontext():
+        with device_guard(p.device):
             _launch_logits(p, result, cfg)
     return result
 
@@ -292,7 +294,7 @@ def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, 
         logits = torch.empty(p.T, max_len, dtype=torch.float32, device=p.device)
         from .kernels.indexer import launch_topk_select
 
-        with torch.cuda.device(p.device) if p.device.type == "cuda" else contextlib.nullcontext():
+        with device_guard(p.device):
             if max_len:
                 _launch_logits(p, logits, cfg)
             if cfg.select == "triton":

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from .attention import _e4m3_to_f32
+from .configs import interpreting
 from .launch import CachedLauncher
 
 D_INDEX = 128  # index head dim
@@ -230,7 +231,8 @@ def launch_indexer_logits(p, out, cfg):
         T, p.Hi, max_len, p.block_size, p.num_blocks, p.block_table.shape[0], p.block_table.shape[1], n_chunks,
         chunk), dict(Q_FP8=p.q_fp8, K_FP8=p.k_fp8, USE_FP8_DOT=cfg.use_fp8_dot, DOT_BF16=cfg.dot_bf16,
                      SW_FP8=cfg.sw_fp8, BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, ROWS=rows),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}))
 
 
 def launch_topk_select(logits, out, topk, cfg):

@@ -20,16 +20,20 @@ import torch
 _ENABLED = os.environ.get("TRITON_MLA_SPARSE_FAST_LAUNCH", "1") not in ("0", "")
 
 
-def _arg_key(v):
-    if isinstance(v, torch.Tensor):
-        return (v.dtype, v.data_ptr() % 16 == 0)
-    if isinstance(v, bool):
-        return ("b", v)
-    if isinstance(v, int):
-        return (v == 1, v % 16 == 0, -(2**31) <= v < 2**31, v < 2**63)
-    if isinstance(v, float):
-        return "f"
-    return (type(v), v)  # anything else (None, dtypes): by value
+def _specialisation_key(args) -> tuple:
+    """What Triton specialises on, per argument: a tensor's dtype and 16-byte alignment; an int's value class
+    (1, divisible by 16, otherwise) and width; anything else (floats, None) by type and value."""
+    key = []
+    for v in args:
+        if isinstance(v, torch.Tensor):
+            key.append((v.dtype, not v.data_ptr() & 15))
+        elif type(v) is int:
+            key.append(-1 if v == 1 else int(not v & 15) + (2 if not -2147483648 <= v < 2147483648 else 0))
+        elif type(v) is float:
+            key.append(0.5)
+        else:
+            key.append((type(v), v))
+    return tuple(key)
 
 
 class CachedLauncher:
@@ -41,15 +45,16 @@ class CachedLauncher:
         self.names = list(kernel.arg_names)
         self.cache: dict = {}
 
-    def __call__(self, grid, args, constexprs: dict, *, num_warps: int, num_stages: int = 1):
+    def __call__(self, grid, args, constexprs: dict, *, num_warps: int, num_stages: int = 1, **options):
+        """``options``: further compile options of Triton's launch (e.g. ``maxnreg``), part of the key."""
         grid = tuple(grid) + (1,) * (3 - len(grid))
         if not _ENABLED or args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cuda":
-            return self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
-        key = (tuple(constexprs.items()), num_warps, num_stages, torch.cuda.current_device(),
-               tuple(_arg_key(a) for a in args))
+            return self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
+        key = (tuple(constexprs.items()), num_warps, num_stages, tuple(options.items()), torch.cuda.current_device(),
+               _specialisation_key(args))
         compiled = self.cache.get(key)
         if compiled is None:
-            compiled = self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+            compiled = self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
             if compiled is not None and hasattr(compiled, "__getitem__"):
                 self.cache[key] = compiled
             return compiled
