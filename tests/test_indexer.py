@@ -230,6 +230,44 @@ def test_select_kernel_special_values():
         assert_topk_matches(out, x, topk, what=f"topk={topk}")
 
 
+def test_select_nan_ranks_highest_like_the_reference():
+    """A NaN logit (only non-finite inputs produce one) ranks above every number, whatever its sign bit, in both
+    selections, as in torch.topk / the reference; -inf is never selected."""
+    from triton_mla_sparse.indexer import _torch_select
+    from triton_mla_sparse.kernels.indexer import launch_topk_select
+
+    neg_nan = torch.tensor([-math.nan]).view(torch.int32)[0].item() | (1 << 31)
+    nan_neg = torch.tensor([neg_nan], dtype=torch.int32).view(torch.float32)[0].item()
+    x = torch.tensor([[1.0, math.nan, 2.0, -math.inf, nan_neg, 0.5]], dtype=torch.float32, device=DEVICE)
+
+    class Cfg:
+        select_block, select_warps = 64, 4
+
+    for topk in (2, 4, 6):
+        want = [1, 4, 2, 0, 5][:topk]  # the candidates (all but the -inf at 3), largest first: NaNs, 2, 1, 0.5
+        for name in ("triton", "torch"):
+            out = torch.full((1, topk), 777, dtype=torch.int32, device=DEVICE)
+            launch_topk_select(x, out, topk, Cfg) if name == "triton" else _torch_select(x, out, topk)
+            got = out[0].tolist()
+            assert sorted(v for v in got if v >= 0) == sorted(want), (name, topk, got)
+            assert got.count(-1) == topk - len(want), (name, topk, got)
+
+
+def test_one_row_per_request():
+    """Decode-shaped calls (rows <= requests: one row per program group) against the reference."""
+    case = make_case(k_fmt="fp8", q_dtype=torch.float8_e4m3fn, Hi=4, lengths=(37, 16, 64))
+    req = case["req_id_per_token"].cpu()
+    last = torch.tensor([int((req == r).nonzero().max()) for r in range(int(req.max()) + 1)])
+    sub = {k: (v[last.to(v.device)] if k in ("q", "weights", "req_id_per_token", "positions") else v)
+           for k, v in case.items()}
+    assert len(sub["positions"]) <= sub["block_table"].shape[0]
+    max_len = sub["block_table"].shape[1] * 16
+    ref = reference.indexer_logits(*args(sub), max_len, compute_dtype=torch.float64)
+    assert_logits_match(tms.indexer_logits(*args(sub), max_len), ref, what="one row per request")
+    for select in ("triton", "torch"):
+        assert_topk_matches(tms.indexer_topk(*args(sub), 20, select=select), ref, 20, what=select)
+
+
 def test_plugs_into_topk_to_slots():
     bs = 16
     case = make_case(k_fmt="fp8", Hi=4, bs=bs, lengths=(37, 16))

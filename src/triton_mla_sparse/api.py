@@ -57,8 +57,6 @@ def sparse_mla_attention_with_config(q, kv_cache, indices, softmax_scale, *, kv_
 
         with device_guard(dev):
             lse = launch_sparse_mla(p, cfg, result, lse)
-    elif lse is None:
-        lse = torch.empty(0, p.H, dtype=torch.float32, device=dev)
     ret = (result, lse) if return_lse else result
     if return_config:
         return (*ret, cfg) if return_lse else (ret, cfg)

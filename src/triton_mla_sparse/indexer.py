@@ -23,6 +23,7 @@ MAX_INDEX_HEADS = 64  # DeepSeek-V3.2: 64, GLM-5: 32
 FP8_ROW_BYTES = D_INDEX + 4  # 128 e4m3 values + one float32 scale per token
 Q_DTYPES = (torch.float8_e4m3fn, torch.float16, torch.bfloat16)
 MAX_GRID = 2**31 - 1
+MAX_LEN = 2**31 - 2**16  # positions (and a chunk past the last) stay in int32 inside the kernels
 
 
 @dataclass
@@ -108,11 +109,11 @@ def _check_int32(arg, x, shape_desc, dims, device, first=None):
         _fail(arg, f"device {device} (the device of q)", x)
 
 
-def _check_int(arg, x, lo):
+def _check_int(arg, x, lo, hi=MAX_GRID):
     if isinstance(x, bool) or not isinstance(x, int):
         _fail(arg, f"a Python int >= {lo}", _desc(x))
-    if x < lo or x > MAX_GRID:
-        _fail(arg, f"an int in [{lo}, {MAX_GRID}]", f"{x!r}")
+    if x < lo or x > hi:
+        _fail(arg, f"an int in [{lo}, {hi}]", f"{x!r}")
 
 
 def check_indexer_inputs(q, weights, k_cache, block_table, req_id_per_token, positions) -> IndexerProblem:
@@ -247,7 +248,7 @@ def indexer_logits(q, weights, k_cache, block_table, req_id_per_token, positions
     ``out=`` (float32 ``[T, max_len]``, any strides) receives the result when given. No host synchronisation.
     """
     p = check_indexer_inputs(q, weights, k_cache, block_table, req_id_per_token, positions)
-    _check_int("max_len", max_len, 0)
+    _check_int("max_len", max_len, 0, MAX_LEN)
     _check_out(out, torch.float32, (p.T, max_len), p.device)
     check_kernel_device(p.device)
     result = out if out is not None else torch.empty(p.T, max_len, dtype=torch.float32, device=p.device)
@@ -264,7 +265,7 @@ def check_indexer_topk_inputs(q, weights, k_cache, block_table, req_id_per_token
     _check_int("topk", topk, 1)
     if max_len is None:
         max_len = p.capacity
-    _check_int("max_len", max_len, 0)
+    _check_int("max_len", max_len, 0, MAX_LEN)
     _check_out(out, torch.int32, (p.T, topk), p.device)
     return p, max_len
 
@@ -310,6 +311,6 @@ def _torch_select(logits: torch.Tensor, out: torch.Tensor, topk: int) -> None:
     k = min(topk, logits.shape[1])
     if k:
         vals, idx = torch.topk(logits, k, dim=1, sorted=False)
-        out[:, :k] = torch.where(vals == float("-inf"), -1, idx.to(torch.int32))
+        out[:, :k] = idx.masked_fill_(vals == float("-inf"), -1)  # (three small launches after the top-k)
     if k < topk:
         out[:, k:] = -1

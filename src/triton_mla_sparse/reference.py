@@ -201,7 +201,8 @@ def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, 
     the block table's capacity, ``max_blocks · block_size``); ``out`` optional int32 ``[T, topk]``.
 
     Result: int32 ``[T, topk]``. Row t holds the positions of its ``min(topk, n_t)`` largest logits, where ``n_t``
-    is the number of candidates (logits > -inf, see :func:`indexer_logits`), in any order, then ``-1`` for the
+    is the number of candidates (logits other than -inf, see :func:`indexer_logits`; a NaN logit, which only
+    non-finite inputs produce, ranks above every number, as in ``torch.topk``), in any order, then ``-1`` for the
     remaining ``topk - n_t`` entries (wherever -1 appears it means "no token"). Ties at the threshold: any choice.
     The positions plug into :func:`triton_mla_sparse.topk_to_slots`.
     """

@@ -37,10 +37,21 @@ def make(kind: str, Hi: int, fmt: str, seed: int = 0):
         lengths = torch.randint(ctx // 2, ctx + 1, (R,), generator=g, device="cuda")
         req = torch.arange(R, dtype=torch.int32, device="cuda")
         pos = (lengths - 1).to(torch.int32)
-    else:
+    elif kind == "prefill":
         R, ctx = 1, 8192
         req = torch.zeros(1024, dtype=torch.int32, device="cuda")
         pos = torch.arange(ctx - 1024, ctx, dtype=torch.int32, device="cuda")
+    else:  # "mixed": prefill chunks of several requests with odd row counts (row groups straddle requests), a
+        # decode row, and a row with an invalid request id (all -inf, all -1)
+        R, ctx = 5, 8192
+        counts, reqs, poss = (7, 130, 1, 301, 65), [], []
+        for r, n in enumerate(counts):
+            reqs += [r] * n
+            poss += list(range(ctx - n - 3 * r, ctx - 3 * r))
+        reqs.insert(200, R)  # invalid request id
+        poss.insert(200, ctx - 1)
+        req = torch.tensor(reqs, dtype=torch.int32, device="cuda")
+        pos = torch.tensor(poss, dtype=torch.int32, device="cuda")
     T = req.shape[0]
     max_blocks = ctx // BS
     nb = R * max_blocks + 5
@@ -74,6 +85,8 @@ def check_topk(sel, ref_logits, topk, atol):
         k = min(topk, n)
         s = sel[t]
         assert int((s >= 0).sum()) == k and bool((s[s < 0] == -1).all())
+        if k == 0:
+            continue
         pos = s[s >= 0]
         assert len(set(pos.tolist())) == k
         got = torch.sort(row[pos]).values
@@ -84,7 +97,7 @@ def check_topk(sel, ref_logits, topk, atol):
 
 @pytest.mark.parametrize("fmt", ["fp8", "bf16"])
 @pytest.mark.parametrize("Hi", [64, 32])
-@pytest.mark.parametrize("kind", ["decode", "prefill"])
+@pytest.mark.parametrize("kind", ["decode", "prefill", "mixed"])
 def test_indexer_real_sizes(kind, Hi, fmt):
     c, ctx = make(kind, Hi, fmt)
     T = c["positions"].shape[0]
@@ -92,6 +105,8 @@ def test_indexer_real_sizes(kind, Hi, fmt):
     sels = {select: tms.indexer_topk(*args(c), TOPK, select=select) for select in ("torch", "triton")}
     torch.cuda.synchronize()
     rows = torch.linspace(0, T - 1, CHECK_ROWS, device="cuda").long()
+    if kind == "mixed":  # every row: request boundaries and the invalid row
+        rows = torch.arange(T, device="cuda")
     ref = reference.indexer_logits(*args(c, rows), ctx)
     ours = logits[rows]
     ninf = torch.isneginf(ref)

@@ -89,12 +89,14 @@ def compile_combine(arch, cfg: AttentionConfig, q_dtype: str = "bf16"):
     return triton.compile(src, target=target_for(arch), options=dict(num_warps=cfg.combine_warps, num_stages=1))
 
 
-def _compile(fn, sig: dict, const: dict, divisible, arch, num_warps: int, num_stages: int):
-    """``triton.compile`` of ``fn`` with ``sig`` (name -> type), constexprs ``const`` and the 16-divisibility a
-    real launch gets for the names in ``divisible``."""
+def _compile(fn, sig: dict, const: dict, divisible, arch, num_warps: int, num_stages: int, ones=()):
+    """``triton.compile`` of ``fn`` with ``sig`` (name -> type), constexprs ``const``, and what a real launch
+    specialises: the names in ``divisible`` as divisible by 16, those in ``ones`` as the constant 1 (Triton turns an
+    int argument equal to 1 into a constexpr)."""
     names = list(sig) + list(const)
-    full = dict(sig, **{k: "constexpr" for k in const})
+    full = dict(sig, **{k: "constexpr" for k in const}, **{k: "constexpr" for k in ones})
     consts = {(names.index(k),): v for k, v in const.items()}
+    consts.update({(names.index(k),): 1 for k in ones})
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     src = ASTSource(fn=fn, signature=full, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=target_for(arch), options=dict(num_warps=num_warps, num_stages=num_stages))
@@ -114,8 +116,12 @@ def compile_indexer_logits(arch, cfg, *, q_fp8: bool, k_fp8: bool):
     sig.update({n: "i32" for n in ints})
     const = dict(Q_FP8=q_fp8, K_FP8=k_fp8, USE_FP8_DOT=cfg.use_fp8_dot, DOT_BF16=cfg.dot_bf16, SW_FP8=cfg.sw_fp8,
                  BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, ROWS=cfg.rows_per_program)
-    div = list(sig)[:7] + ["stride_q_t", "stride_q_h", "stride_k_blk", "stride_k_row", "stride_o_t", "block_size"]
-    return _compile(I._indexer_logits_kernel, sig, const, div, arch, cfg.num_warps, cfg.num_stages)
+    # as launched on contiguous tensors with 32 or 64 heads: unit strides of weights' heads, the block table's
+    # columns, the row vectors and the logits' columns; the rest of the strides, Hi and block_size divisible by 16
+    div = list(sig)[:7] + ["stride_q_t", "stride_q_h", "stride_w_t", "stride_k_blk", "stride_k_row", "stride_bt_r",
+                           "stride_o_t", "Hi", "block_size"]
+    ones = ("stride_w_h", "stride_bt_c", "stride_req", "stride_pos", "stride_o_p")
+    return _compile(I._indexer_logits_kernel, sig, const, div, arch, cfg.num_warps, cfg.num_stages, ones)
 
 
 def compile_topk_select(arch, cfg):
@@ -124,8 +130,9 @@ def compile_topk_select(arch, cfg):
 
     sig = {"x_ptr": "*fp32", "out_ptr": "*i32"}
     sig.update({n: "i32" for n in ["stride_x_t", "stride_x_p", "stride_o_t", "stride_o_k", "T", "L", "topk"]})
-    return _compile(I._topk_select_kernel, sig, dict(BLOCK=cfg.select_block), ["x_ptr", "out_ptr", "stride_x_t"],
-                    arch, cfg.select_warps, 1)
+    return _compile(I._topk_select_kernel, sig, dict(BLOCK=cfg.select_block),
+                    ["x_ptr", "out_ptr", "stride_x_t", "stride_o_t"], arch, cfg.select_warps, 1,
+                    ("stride_x_p", "stride_o_k"))
 
 
 # The indexer builds the matrix checks: (heads, q format, k format). DeepSeek-V3.2 64 heads, GLM-5 32; fp8 is

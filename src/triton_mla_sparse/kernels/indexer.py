@@ -1,17 +1,19 @@
 """Triton kernels for the DSA "lightning indexer": logits and a per-row top-k selection.
 
-* :func:`_indexer_logits_kernel`: one program per (query row, tile of ``BLOCK_K`` request-local positions). It
-  gathers the tile's K rows through the block table (fp8 indexer layout: per block ``block_size · 128`` e4m3 bytes,
-  then ``block_size`` float32 scales; or bf16/fp16 rows), computes ``s = q[t] · kᵀ`` for all index heads at once
-  ``[BLOCK_H, BLOCK_K]`` in float32 (fp8 × fp8 tensor-core dots where the GPU has them, otherwise both operands
-  decoded exactly into fp16/bf16), scales each column by its K scale, applies relu, reduces over heads with the
-  row's weights and stores the tile, -inf where a position is not a candidate. Tiles entirely past the row's
-  position (or of a row with an invalid request id) skip all loads and store -inf.
+* :func:`_indexer_logits_kernel`: one program per (group of ``ROWS`` query rows, chunk of request-local positions).
+  The group's q is loaded once as the transposed right operand [128, ROWS · heads]; per tile of ``BLOCK_K``
+  positions it gathers the K rows through the block table (fp8 indexer layout: per block ``block_size · 128`` e4m3
+  bytes, then ``block_size`` float32 scales; or bf16/fp16 rows), computes the scores ``k · qᵀ`` [BLOCK_K, heads] in
+  float32 (fp8 × fp8 tensor-core dots where the GPU has them, otherwise both operands decoded exactly into
+  fp16/bf16), scales each row by its K scale, applies relu and reduces over the heads with the weights inside each
+  thread's rows. Rows of one request (prefill) share each K tile; decode rows (one per request) use ``ROWS = 1``.
+  Positions past a row's own (or of a row with an invalid request id) get -inf and are never read.
 * :func:`_topk_select_kernel`: one program per row. Logits map to sortable integer keys (float32 bits with the
-  sign handled); a bitwise binary search over 32 bits (32 counting passes over the row) finds the k-th largest key
-  τ among the finite candidates; a last pass writes every position with key > τ and, in position order, enough
-  positions with key == τ to reach k; the rest of the row is -1. No sorting, no host synchronisation, no
-  data-dependent allocation (CUDA-graph safe).
+  sign handled); four radix passes (a 256-bin histogram of one key byte among the keys matching the bytes fixed so
+  far) find the k-th largest key τ among the candidates (-inf is not one); a last pass writes every position with
+  key > τ and, in position order, enough positions with key == τ to reach k; the rest of the row is -1. No sorting,
+  no host synchronisation, no data-dependent allocation (CUDA-graph safe). On GPUs ``indexer_topk`` selects with
+  ``torch.topk`` by default (measured faster; benchmarks/NOTES.md); this kernel is the ``select="triton"`` path.
 """
 
 from __future__ import annotations
@@ -139,10 +141,11 @@ def _indexer_logits_kernel(
 
 @triton.jit
 def _sortable_key(x):
-    """float32 -> int64 in [0, 2^32) with the order of the floats (-inf lowest among non-NaN values)."""
+    """float32 -> int64 in [0, 2^32) with the order of the floats (-inf lowest); every NaN (only from non-finite
+    inputs) maps to the largest key, as torch.topk and the reference rank it."""
     bits = x.to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return key.to(tl.int64) + 2147483648
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+    return tl.where(x != x, 4294967295, key)
 
 
 @triton.jit(do_not_specialize=["T", "L", "topk"])

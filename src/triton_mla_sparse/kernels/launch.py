@@ -13,6 +13,7 @@ specialisation (and every call under the interpreter) behaves exactly as a plain
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -20,15 +21,23 @@ import torch
 _ENABLED = os.environ.get("TRITON_MLA_SPARSE_FAST_LAUNCH", "1") not in ("0", "")
 
 
+_HIP = bool(getattr(torch.version, "hip", None))
+
+
 def _specialisation_key(args) -> tuple:
-    """What Triton specialises on, per argument: a tensor's dtype and 16-byte alignment; an int's value class
-    (1, divisible by 16, otherwise) and width; anything else (floats, None) by type and value."""
+    """What Triton specialises on, per argument: a tensor's dtype, 16-byte alignment and (ROCm, where buffer
+    operations use 32-bit offsets into storages under 2 GiB) its storage size class; an int's value class (1,
+    divisible by 16, otherwise) and width (i32, i64, u64); anything else (floats, None, bools) by type and value."""
     key = []
     for v in args:
         if isinstance(v, torch.Tensor):
-            key.append((v.dtype, not v.data_ptr() & 15))
+            if _HIP:
+                key.append((v.dtype, not v.data_ptr() & 15, v.untyped_storage().nbytes() < 2**31))
+            else:
+                key.append((v.dtype, not v.data_ptr() & 15))
         elif type(v) is int:
-            key.append(-1 if v == 1 else int(not v & 15) + (2 if not -2147483648 <= v < 2147483648 else 0))
+            width = 0 if -2147483648 <= v < 2147483648 else (2 if v < 2**63 else 4)
+            key.append(-1 if v == 1 else int(not v & 15) + width)
         elif type(v) is float:
             key.append(0.5)
         else:
@@ -43,6 +52,14 @@ class CachedLauncher:
     def __init__(self, kernel):
         self.kernel = kernel
         self.names = list(kernel.arg_names)
+        if hasattr(kernel, "params"):  # JITFunction
+            flags = [p.is_constexpr for p in kernel.params]
+        else:  # the interpreter's wrapper: read the annotations
+            sig = inspect.signature(kernel.fn)
+            flags = ["constexpr" in str(p.annotation) for p in sig.parameters.values()]
+        first = flags.index(True) if True in flags else len(flags)
+        if not all(flags[first:]):
+            raise TypeError(f"{kernel.__name__}: CachedLauncher needs the constexpr parameters last")
         self.cache: dict = {}
 
     def __call__(self, grid, args, constexprs: dict, *, num_warps: int, num_stages: int = 1, **options):
@@ -50,7 +67,7 @@ class CachedLauncher:
         grid = tuple(grid) + (1,) * (3 - len(grid))
         if not _ENABLED or args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cuda":
             return self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
-        key = (tuple(constexprs.items()), num_warps, num_stages, tuple(options.items()), torch.cuda.current_device(),
+        key = (tuple((k, type(v), v) for k, v in constexprs.items()), num_warps, num_stages, tuple(options.items()), torch.cuda.current_device(),
                _specialisation_key(args))
         compiled = self.cache.get(key)
         if compiled is None:
