@@ -16,7 +16,7 @@ import torch
 import triton
 
 from triton_mla_sparse import indexer as I
-from triton_mla_sparse.kernels.indexer import launch_topk_select
+from triton_mla_sparse.kernels.indexer import launch_split_select, launch_topk_select
 
 D, BS, TOPK = 128, 64, 2048
 
@@ -88,7 +88,15 @@ def main():
             c2 = I.choose_indexer_config(p, select_block=sb, select_warps=sw)
             ms = triton.testing.do_bench(lambda: launch_topk_select(out, sel, TOPK, c2), warmup=5, rep=40)
             print(f"{kind} h{Hi} ctx{ctx}: select ours {ms:.4f} ms (block {sb}, warps {sw})")
-        ms = triton.testing.do_bench(lambda: torch.topk(out, TOPK, dim=-1), warmup=5, rep=40)
+        for chunk, blk in ((4096, 2048), (2048, 2048), (8192, 2048), (4096, 1024)):
+            c3 = I.choose_indexer_config(p, split_chunk=chunk, split_block=blk)
+            ms = triton.testing.do_bench(lambda: launch_split_select(out, sel, TOPK, c3), warmup=5, rep=40)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                launch_split_select(out, sel, TOPK, c3)
+            gms = triton.testing.do_bench(g.replay, warmup=5, rep=40)
+            print(f"{kind} h{Hi} ctx{ctx}: select split {ms:.4f} ms (graph {gms:.4f}; chunk {chunk}, block {blk})")
+        ms = triton.testing.do_bench(lambda: torch.topk(out, TOPK, dim=-1, sorted=False), warmup=5, rep=40)
         print(f"{kind} h{Hi} ctx{ctx}: torch.topk {ms:.4f} ms; default cfg {cfg}", flush=True)
 
 

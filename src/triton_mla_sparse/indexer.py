@@ -167,13 +167,15 @@ class IndexerConfig:
     use_fp8_dot: bool  # fp8 q and fp8 cache on a GPU with fp8 tensor cores: dot on e4m3 operands
     dot_bf16: bool  # dot operand type when not fp8: bf16 (q bf16) or fp16
     sw_fp8: bool  # integer e4m3 decode (no fp8 conversion instructions)
-    select: str  # "torch" (torch.topk over the logits) or "triton" (the radix-select kernel)
+    select: str  # "torch" (torch.topk), "triton" (one radix-select program per row) or "split" (many per row)
     select_block: int
     select_warps: int
+    split_chunk: int = 4096  # positions per program of the split select
+    split_block: int = 2048  # positions per step of the split select (8 warps: no stack on sm86–sm100)
     maxnreg: int | None = None  # register cap per thread for the logits kernel (None: ptxas decides)
 
 
-SELECTS = ("torch", "triton")
+SELECTS = ("torch", "triton", "split")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -188,7 +190,8 @@ def indexer_config_for(arch, *, hi: int, q_fp8: bool, k_fp8: bool, dot_bf16: boo
     if arch is None:  # interpreter: small tiles and chunks so tests cover several of each
         return IndexerConfig(block_h=block_h, block_k=32, chunk_tiles=2, rows_per_program=rows, num_warps=4,
                              num_stages=1, use_fp8_dot=False, dot_bf16=dot_bf16, sw_fp8=False, select="triton",
-                             select_block=128, select_warps=4)
+                             select_block=128, select_warps=4, split_chunk=256,
+                             split_block=64)
     fp8_dot = q_fp8 and k_fp8 and arch.fp8_hw and (arch.backend != "cuda" or int(arch.target) >= 89)
     if arch.name == "sm90":
         # one warpgroup (wgmma), 128-position tiles, 2 stages, 16 tiles per program: the fastest of the sweep on
@@ -293,13 +296,15 @@ def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, 
     if p.T:
         cfg = choose_indexer_config(p, **({"select": select} if select else {}))
         logits = torch.empty(p.T, max_len, dtype=torch.float32, device=p.device)
-        from .kernels.indexer import launch_topk_select
+        from .kernels.indexer import launch_split_select, launch_topk_select
 
         with device_guard(p.device):
             if max_len:
                 _launch_logits(p, logits, cfg)
             if cfg.select == "triton":
                 launch_topk_select(logits, result, topk, cfg)
+            elif cfg.select == "split":
+                launch_split_select(logits, result, topk, cfg)
             else:
                 _torch_select(logits, result, topk)
     return result

@@ -135,6 +135,25 @@ def compile_topk_select(arch, cfg):
                     ("stride_x_p", "stride_o_k"))
 
 
+def compile_split_select(arch, cfg):
+    """Compile the two kernels of the split top-k select (histogram, then select) for ``arch``."""
+    from . import indexer as I
+
+    hist_sig = {"x_ptr": "*fp32", "ws_ptr": "*i32"}
+    hist_sig.update({n: "i32" for n in ["stride_x_t", "stride_x_p", "stride_w_t", "L", "n_chunks"]})
+    sel_sig = {"x_ptr": "*fp32", "out_ptr": "*i32", "ws_ptr": "*i32", "buf_ptr": "*i32"}
+    sel_sig.update({n: "i32" for n in ["stride_x_t", "stride_x_p", "stride_o_t", "stride_o_k", "stride_w_t",
+                                       "stride_b_t", "L", "topk", "n_chunks"]})
+    const = dict(CHUNK=cfg.split_chunk, BLOCK=cfg.split_block)
+    return [
+        _compile(I._topk_hist_kernel, hist_sig, const, ["x_ptr", "ws_ptr", "stride_x_t"], arch, 8, 1,
+                 ("stride_x_p",)),
+        _compile(I._topk_split_select_kernel, sel_sig, dict(const, NB=I.NBINS),
+                 ["x_ptr", "out_ptr", "ws_ptr", "buf_ptr", "stride_x_t", "stride_o_t", "stride_b_t"], arch,
+                 8, 1, ("stride_x_p", "stride_o_k")),
+    ]
+
+
 # The indexer builds the matrix checks: (heads, q format, k format). DeepSeek-V3.2 64 heads, GLM-5 32; fp8 is
 # vLLM's layout, bf16 the 16-bit alternative; each for decode rows (one per request) and prefill rows (groups of
 # rows of one request share each K tile).
@@ -144,7 +163,7 @@ INDEXER_LOGITS_KERNELS = ("indexer_logits_decode", "indexer_logits_prefill")
 
 def indexer_matrix_entries():
     return [(hi, qf, kf, kernel) for hi, qf, kf in INDEXER_BUILDS for kernel in INDEXER_LOGITS_KERNELS] + \
-        [(0, "", "", "topk_select")]
+        [(0, "", "", "topk_select"), (0, "", "", "topk_split_hist"), (0, "", "", "topk_split_select")]
 
 
 def _cuobjdump() -> str:
@@ -217,8 +236,12 @@ def compile_matrix(arch_name: str) -> list[dict]:
                                   shared_rows=kernel.endswith("prefill"))
         item = dict(arch=arch_name, hc=hi, cc=qf, fmt=kf, kernel=kernel, config=repr(icfg))
         try:
-            built = (compile_topk_select(arch, icfg) if kernel == "topk_select" else
-                     compile_indexer_logits(arch, icfg, q_fp8=qf == "fp8", k_fp8=kf == "fp8"))
+            if kernel == "topk_select":
+                built = compile_topk_select(arch, icfg)
+            elif kernel.startswith("topk_split"):
+                built = compile_split_select(arch, icfg)[kernel == "topk_split_select"]
+            else:
+                built = compile_indexer_logits(arch, icfg, q_fp8=qf == "fp8", k_fp8=kf == "fp8")
             item.update(vars(report(arch, built)))
         except Exception as e:  # noqa: BLE001
             item["error"] = f"{type(e).__name__}: {e}"

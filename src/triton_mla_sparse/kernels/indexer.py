@@ -209,8 +209,123 @@ def _topk_select_kernel(
                  mask=(o_j >= need) & (o_j < topk))
 
 
+NBINS = 2048  # histogram bins of the split select: the top 11 bits of the 32-bit sortable key
+TOP_SHIFT = 21
+
+
+@triton.jit(do_not_specialize=["L", "n_chunks"])
+def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_chunks,
+                      CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Split select, step 1 (one program per row and chunk): count the row's candidates (logits other than -inf)
+    per bin of the top 11 key bits into ``ws[row, :NBINS]`` with global atomics."""
+    pid = tl.program_id(0)
+    i_t = (pid // n_chunks).to(tl.int64)
+    p_start = (pid % n_chunks) * CHUNK
+    o_b = tl.arange(0, BLOCK)
+    key_ninf = _sortable_key(tl.full([BLOCK], float("-inf"), dtype=tl.float32))
+    ones = tl.full([BLOCK], 1, dtype=tl.int32)
+    for p0 in range(p_start, tl.minimum(p_start + CHUNK, L), BLOCK):
+        o_p = p0 + o_b
+        x = tl.load(x_ptr + i_t * stride_x_t + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
+        key = _sortable_key(x)
+        tl.atomic_add(ws_ptr + i_t * stride_w_t + (key >> 21), ones, mask=key > key_ninf, sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["L", "topk", "n_chunks"])
+def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, stride_x_p, stride_o_t, stride_o_k,
+                              stride_w_t, stride_b_t, L, topk, n_chunks,
+                              CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr):
+    """Split select, step 2 (one program per row and chunk). From the row's histogram every program finds the
+    threshold bin b (the bin holding the need-th largest candidate, need = min(topk, candidates)); it writes the
+    positions of its candidates above b straight into the output (slots claimed with an atomic counter) and those in
+    b into the row's boundary buffer. The row's last program to finish (an acq_rel counter) then takes the largest
+    ``need - above(b)`` boundary keys by a radix select on the low 21 bits (3 passes over the buffer, usually a small
+    fraction of the row), appends them, and pads the rest of the row with -1."""
+    pid = tl.program_id(0)
+    i_t = (pid // n_chunks).to(tl.int64)
+    p_start = (pid % n_chunks) * CHUNK
+    o_b = tl.arange(0, BLOCK)
+    bins = tl.arange(0, NB)
+    p_ws = ws_ptr + i_t * stride_w_t
+    p_x = x_ptr + i_t * stride_x_t
+    p_o = out_ptr + i_t * stride_o_t
+    p_buf = buf_ptr + i_t * stride_b_t
+    hist = tl.load(p_ws + bins)
+    total = tl.sum(hist, 0)
+    need = tl.minimum(total, topk)
+    above = total - tl.cumsum(hist, 0)  # candidates in higher bins
+    b_thr = tl.max(tl.where(above + hist >= need, bins, 0), 0)
+    n_above = tl.sum(tl.where(bins == b_thr, above, 0), 0)
+    n_bound = tl.sum(tl.where(bins == b_thr, hist, 0), 0)
+    key_ninf = _sortable_key(tl.full([BLOCK], float("-inf"), dtype=tl.float32))
+
+    for p0 in range(p_start, tl.minimum(p_start + CHUNK, L), BLOCK):
+        o_p = p0 + o_b
+        x = tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
+        key = _sortable_key(x)
+        cand = key > key_ninf
+        b = (key >> 21).to(tl.int32)
+        gt = (cand & (b > b_thr)).to(tl.int32)
+        n_gt = tl.sum(gt, 0)
+        if n_gt > 0:
+            base = tl.atomic_add(p_ws + NB, n_gt, sem="relaxed")
+            dst = base + tl.cumsum(gt, 0) - 1
+            tl.store(p_o + dst.to(tl.int64) * stride_o_k, o_p, mask=gt != 0)
+        eq = (cand & (b == b_thr)).to(tl.int32)
+        n_eq = tl.sum(eq, 0)
+        if n_eq > 0:
+            base = tl.atomic_add(p_ws + NB + 1, n_eq, sem="relaxed")
+            dst = base + tl.cumsum(eq, 0) - 1
+            tl.store(p_buf + dst.to(tl.int64), o_p, mask=eq != 0)
+
+    done = tl.atomic_add(p_ws + NB + 2, 1, sem="acq_rel")
+    if done == n_chunks - 1:
+        # The boundary bin: n_bound candidate positions in buf; take `take` of them with the largest keys.
+        take = need - n_above
+        prefix = b_thr.to(tl.int64) << 21
+        left = take
+        for d in tl.static_range(3):
+            shift = 13 - 8 * d if d < 2 else 0
+            width = 8 if d < 2 else 5
+            hist2 = tl.zeros([256], dtype=tl.int32)
+            for j0 in range(0, n_bound, BLOCK):
+                o_j = j0 + o_b
+                m_j = o_j < n_bound
+                pos = tl.load(p_buf + o_j.to(tl.int64), mask=m_j, other=0)
+                key = _sortable_key(tl.load(p_x + pos.to(tl.int64) * stride_x_p, mask=m_j, other=float("-inf")))
+                match = m_j & ((key >> (shift + width)) == (prefix >> (shift + width)))
+                hist2 += tl.histogram(((key >> shift) & ((1 << width) - 1)).to(tl.int32), 256, mask=match)
+            r_above = tl.sum(hist2, 0) - tl.cumsum(hist2, 0)
+            o_256 = tl.arange(0, 256)
+            bb = tl.max(tl.where(r_above + hist2 >= left, o_256, 0), 0)
+            left = left - tl.sum(tl.where(o_256 == bb, r_above, 0), 0)
+            prefix = prefix | (bb.to(tl.int64) << shift)
+        tau = prefix  # the take-th largest boundary key; `left` keys equal to it are taken, in buffer order
+        base = n_above
+        eq_seen = tl.zeros([], dtype=tl.int32)
+        for j0 in range(0, n_bound, BLOCK):
+            o_j = j0 + o_b
+            m_j = o_j < n_bound
+            pos = tl.load(p_buf + o_j.to(tl.int64), mask=m_j, other=0)
+            key = _sortable_key(tl.load(p_x + pos.to(tl.int64) * stride_x_p, mask=m_j, other=float("-inf")))
+            is_eq = m_j & (key == tau)
+            eq_rank = eq_seen + tl.cumsum(is_eq.to(tl.int32), 0) - 1
+            sel = m_j & ((key > tau) | (is_eq & (eq_rank < left)))
+            sel_i = sel.to(tl.int32)
+            dst = base + tl.cumsum(sel_i, 0) - 1
+            tl.store(p_o + dst.to(tl.int64) * stride_o_k, pos, mask=sel & (dst < topk))
+            base += tl.sum(sel_i, 0)
+            eq_seen += tl.sum(is_eq.to(tl.int32), 0)
+        for j0 in range(0, topk, BLOCK):
+            o_j = j0 + o_b
+            tl.store(p_o + o_j.to(tl.int64) * stride_o_k, tl.full([BLOCK], -1, dtype=tl.int32),
+                     mask=(o_j >= need) & (o_j < topk))
+
+
 _launch_logits = CachedLauncher(_indexer_logits_kernel)
 _launch_select = CachedLauncher(_topk_select_kernel)
+_launch_hist = CachedLauncher(_topk_hist_kernel)
+_launch_split_select = CachedLauncher(_topk_split_select_kernel)
 
 
 def launch_indexer_logits(p, out, cfg):
@@ -245,3 +360,23 @@ def launch_topk_select(logits, out, topk, cfg):
         return
     _launch_select((T,), (logits, out, logits.stride(0), logits.stride(1), out.stride(0), out.stride(1), T, L, topk),
                    dict(BLOCK=cfg.select_block), num_warps=cfg.select_warps)
+
+
+def launch_split_select(logits, out, topk, cfg):
+    """Per-row top-k of ``logits`` float32 [T, L] into ``out`` int32 [T, topk] with many programs per row (the split
+    select): a histogram pass, then a pass that writes the rows' positions above the threshold bin and resolves the
+    boundary bin. Workspace: one zeroed int32 [T, NBINS + 4] (histogram and counters) and an int32 [T, L] buffer."""
+    import torch
+
+    T, L = logits.shape
+    if T == 0:
+        return
+    ws = torch.zeros(T, NBINS + 4, dtype=torch.int32, device=logits.device)
+    buf = torch.empty(T, max(L, 1), dtype=torch.int32, device=logits.device)
+    chunk = cfg.split_chunk
+    n_chunks = max(1, triton.cdiv(L, chunk))
+    _launch_hist((T * n_chunks,), (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks),
+                 dict(CHUNK=chunk, BLOCK=cfg.split_block), num_warps=8)
+    _launch_split_select((T * n_chunks,), (logits, out, ws, buf, logits.stride(0), logits.stride(1), out.stride(0),
+                                           out.stride(1), ws.stride(0), buf.stride(0), L, topk, n_chunks),
+                         dict(CHUNK=chunk, BLOCK=cfg.split_block, NB=NBINS), num_warps=8)
