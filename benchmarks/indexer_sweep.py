@@ -50,6 +50,7 @@ def main():
     ap.add_argument("--no-select", action="store_true", help="time the logits kernel only")
     ap.add_argument("--only", default="", help="decode or prefill: run only those cases")
     ap.add_argument("--maxnreg", default="0", help="comma list of register caps to try (0 = none)")
+    ap.add_argument("--nrep", default="", help="comma list of histogram copies to try in the split select")
     a = ap.parse_args()
     cases = [("decode", 64, 32768), ("decode", 64, 131072), ("decode", 32, 131072), ("prefill", 64, 32768),
              ("prefill", 32, 32768)]
@@ -88,14 +89,19 @@ def main():
             c2 = I.choose_indexer_config(p, select_block=sb, select_warps=sw)
             ms = triton.testing.do_bench(lambda: launch_topk_select(out, sel, TOPK, c2), warmup=5, rep=40)
             print(f"{kind} h{Hi} ctx{ctx}: select ours {ms:.4f} ms (block {sb}, warps {sw})")
-        for chunk, blk in ((4096, 2048), (2048, 2048), (8192, 2048), (4096, 1024)):
+        import triton_mla_sparse.kernels.indexer as K
+
+        nreps = [int(x) for x in a.nrep.split(",") if x] or [K.NREP]
+        for chunk, blk, nrep in [(c, b, r) for c, b in ((8192, 2048), (4096, 2048), (16384, 2048)) for r in nreps]:
+            K.NREP = nrep
             c3 = I.choose_indexer_config(p, split_chunk=chunk, split_block=blk)
             ms = triton.testing.do_bench(lambda: launch_split_select(out, sel, TOPK, c3), warmup=5, rep=40)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 launch_split_select(out, sel, TOPK, c3)
             gms = triton.testing.do_bench(g.replay, warmup=5, rep=40)
-            print(f"{kind} h{Hi} ctx{ctx}: select split {ms:.4f} ms (graph {gms:.4f}; chunk {chunk}, block {blk})")
+            print(f"{kind} h{Hi} ctx{ctx}: select split {ms:.4f} ms (graph {gms:.4f}; chunk {chunk}, block {blk}, "
+                  f"copies {nrep})")
         ms = triton.testing.do_bench(lambda: torch.topk(out, TOPK, dim=-1, sorted=False), warmup=5, rep=40)
         print(f"{kind} h{Hi} ctx{ctx}: torch.topk {ms:.4f} ms; default cfg {cfg}", flush=True)
 

@@ -170,7 +170,7 @@ class IndexerConfig:
     select: str  # "torch" (torch.topk), "triton" (one radix-select program per row) or "split" (many per row)
     select_block: int
     select_warps: int
-    split_chunk: int = 4096  # positions per program of the split select
+    split_chunk: int = 8192  # positions per program of the split select
     split_block: int = 2048  # positions per step of the split select (8 warps: no stack on sm86–sm100)
     maxnreg: int | None = None  # register cap per thread for the logits kernel (None: ptxas decides)
 
@@ -202,11 +202,14 @@ def indexer_config_for(arch, *, hi: int, q_fp8: bool, k_fp8: bool, dot_bf16: boo
         # spill with row groups on sm80/sm100, 4 warps on sm120, row groups on sm80/sm89)
         block_k, chunk_tiles, warps, stages = 64, 32, 8, 3
         rows = 1
-    # Selection: torch.topk (a radix select, no full sort, graph-safe) ran faster than the Triton select kernel at
-    # every measured size on the H200 (decode 128K: 0.20 vs 0.46 ms; prefill 4096 x 32K: 1.89 vs 2.67 ms).
+    # Selection, measured on the H200 (benchmarks/NOTES.md): for decode rows (one per request) the split select beat
+    # torch.topk (64 rows x 32K: 0.059 vs 0.092-0.105 ms; x 128K: 0.16-0.17 vs 0.17-0.18); for prefill rows
+    # torch.topk won (4096 x 32K: 1.68 vs 1.80 ms), as it did over the one-program-per-row Triton select everywhere.
+    # Unmeasured architectures keep torch.topk.
+    select = "split" if arch.name == "sm90" and rows == 1 else "torch"
     return IndexerConfig(block_h=block_h, block_k=block_k, chunk_tiles=chunk_tiles, rows_per_program=rows,
                          num_warps=warps, num_stages=stages, use_fp8_dot=fp8_dot, dot_bf16=dot_bf16,
-                         sw_fp8=(q_fp8 or k_fp8) and not arch.fp8_hw, select="torch", select_block=4096,
+                         sw_fp8=(q_fp8 or k_fp8) and not arch.fp8_hw, select=select, select_block=4096,
                          select_warps=8)
 
 
@@ -280,10 +283,12 @@ def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, 
 
     Same contract as :func:`triton_mla_sparse.reference.indexer_topk`. ``max_len`` bounds the positions considered
     (default: the block table's capacity, max_blocks · block_size); the logits kernel writes a float32
-    ``[T, max_len]`` workspace, then a selection picks the positions without sorting: ``select="torch"``
-    (``torch.topk``, a radix select; the default on GPUs, where it measured faster) or ``"triton"`` (this
-    package's radix-select kernel: four 256-bin histogram passes find the k-th largest logit, a last pass writes
-    the positions; the default under the interpreter), ``None`` = the configuration's choice. Shapes alone decide
+    ``[T, max_len]`` workspace, then a selection picks the positions without sorting: ``select="split"`` (this
+    package's multi-program select: a histogram of the top 11 key bits, then every program writes its positions
+    above the threshold bin and the row's last program resolves the boundary bin by radix select; the default for
+    decode rows on sm90, where it measured fastest), ``"torch"`` (``torch.topk``, a radix select; the default for
+    prefill rows and other GPUs), ``"triton"`` (one radix-select program per row: four 256-bin histogram passes and
+    a write pass; the default under the interpreter), or ``None`` = the configuration's choice. Shapes alone decide
     every allocation: no host synchronisation, CUDA-graph capturable. The result plugs into
     :func:`triton_mla_sparse.topk_to_slots`.
     """

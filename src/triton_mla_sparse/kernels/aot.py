@@ -146,9 +146,10 @@ def compile_split_select(arch, cfg):
                                        "stride_b_t", "L", "topk", "n_chunks"]})
     const = dict(CHUNK=cfg.split_chunk, BLOCK=cfg.split_block)
     return [
-        _compile(I._topk_hist_kernel, hist_sig, const, ["x_ptr", "ws_ptr", "stride_x_t"], arch, 8, 1,
+        _compile(I._topk_hist_kernel, hist_sig, dict(const, NB=I.NBINS, NREP=I.NREP), ["x_ptr", "ws_ptr", "stride_x_t"],
+                 arch, 8, 1,
                  ("stride_x_p",)),
-        _compile(I._topk_split_select_kernel, sel_sig, dict(const, NB=I.NBINS),
+        _compile(I._topk_split_select_kernel, sel_sig, dict(const, NB=I.NBINS, NREP=I.NREP),
                  ["x_ptr", "out_ptr", "ws_ptr", "buf_ptr", "stride_x_t", "stride_o_t", "stride_b_t"], arch,
                  8, 1, ("stride_x_p", "stride_o_k")),
     ]

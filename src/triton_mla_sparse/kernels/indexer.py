@@ -210,17 +210,20 @@ def _topk_select_kernel(
 
 
 NBINS = 2048  # histogram bins of the split select: the top 11 bits of the 32-bit sortable key
-TOP_SHIFT = 21
+NREP = 8  # copies of each row's histogram (program c adds into copy c % NREP): spreads same-bin atomics
 
 
 @triton.jit(do_not_specialize=["L", "n_chunks"])
 def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_chunks,
-                      CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                      CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr):
     """Split select, step 1 (one program per row and chunk): count the row's candidates (logits other than -inf)
-    per bin of the top 11 key bits into ``ws[row, :NBINS]`` with global atomics."""
+    per bin of the top 11 key bits with global atomics, into copy ``chunk % NREP`` of the row's histogram
+    (``ws[row, copy · NBINS + bin]``: logits crowd into few bins, and one copy per row serialised their atomics)."""
     pid = tl.program_id(0)
     i_t = (pid // n_chunks).to(tl.int64)
-    p_start = (pid % n_chunks) * CHUNK
+    i_c = pid % n_chunks
+    p_start = i_c * CHUNK
+    p_ws = ws_ptr + i_t * stride_w_t + (i_c % NREP) * NB
     o_b = tl.arange(0, BLOCK)
     key_ninf = _sortable_key(tl.full([BLOCK], float("-inf"), dtype=tl.float32))
     ones = tl.full([BLOCK], 1, dtype=tl.int32)
@@ -228,13 +231,13 @@ def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_ch
         o_p = p0 + o_b
         x = tl.load(x_ptr + i_t * stride_x_t + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
         key = _sortable_key(x)
-        tl.atomic_add(ws_ptr + i_t * stride_w_t + (key >> 21), ones, mask=key > key_ninf, sem="relaxed")
+        tl.atomic_add(p_ws + (key >> 21), ones, mask=key > key_ninf, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["L", "topk", "n_chunks"])
 def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, stride_x_p, stride_o_t, stride_o_k,
                               stride_w_t, stride_b_t, L, topk, n_chunks,
-                              CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr):
+                              CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr):
     """Split select, step 2 (one program per row and chunk). From the row's histogram every program finds the
     threshold bin b (the bin holding the need-th largest candidate, need = min(topk, candidates)); it writes the
     positions of its candidates above b straight into the output (slots claimed with an atomic counter) and those in
@@ -251,6 +254,8 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
     p_o = out_ptr + i_t * stride_o_t
     p_buf = buf_ptr + i_t * stride_b_t
     hist = tl.load(p_ws + bins)
+    for i_r in tl.static_range(1, NREP):
+        hist += tl.load(p_ws + i_r * NB + bins)
     total = tl.sum(hist, 0)
     need = tl.minimum(total, topk)
     above = total - tl.cumsum(hist, 0)  # candidates in higher bins
@@ -268,17 +273,17 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
         gt = (cand & (b > b_thr)).to(tl.int32)
         n_gt = tl.sum(gt, 0)
         if n_gt > 0:
-            base = tl.atomic_add(p_ws + NB, n_gt, sem="relaxed")
+            base = tl.atomic_add(p_ws + NREP * NB, n_gt, sem="relaxed")
             dst = base + tl.cumsum(gt, 0) - 1
             tl.store(p_o + dst.to(tl.int64) * stride_o_k, o_p, mask=gt != 0)
         eq = (cand & (b == b_thr)).to(tl.int32)
         n_eq = tl.sum(eq, 0)
         if n_eq > 0:
-            base = tl.atomic_add(p_ws + NB + 1, n_eq, sem="relaxed")
+            base = tl.atomic_add(p_ws + NREP * NB + 1, n_eq, sem="relaxed")
             dst = base + tl.cumsum(eq, 0) - 1
             tl.store(p_buf + dst.to(tl.int64), o_p, mask=eq != 0)
 
-    done = tl.atomic_add(p_ws + NB + 2, 1, sem="acq_rel")
+    done = tl.atomic_add(p_ws + NREP * NB + 2, 1, sem="acq_rel")
     if done == n_chunks - 1:
         # The boundary bin: n_bound candidate positions in buf; take `take` of them with the largest keys.
         take = need - n_above
@@ -365,18 +370,19 @@ def launch_topk_select(logits, out, topk, cfg):
 def launch_split_select(logits, out, topk, cfg):
     """Per-row top-k of ``logits`` float32 [T, L] into ``out`` int32 [T, topk] with many programs per row (the split
     select): a histogram pass, then a pass that writes the rows' positions above the threshold bin and resolves the
-    boundary bin. Workspace: one zeroed int32 [T, NBINS + 4] (histogram and counters) and an int32 [T, L] buffer."""
+    boundary bin. Workspace: one zeroed int32 [T, NREP · NBINS + 4] (histograms and counters) and an int32 [T, L]
+    buffer."""
     import torch
 
     T, L = logits.shape
     if T == 0:
         return
-    ws = torch.zeros(T, NBINS + 4, dtype=torch.int32, device=logits.device)
+    ws = torch.zeros(T, NREP * NBINS + 4, dtype=torch.int32, device=logits.device)
     buf = torch.empty(T, max(L, 1), dtype=torch.int32, device=logits.device)
     chunk = cfg.split_chunk
     n_chunks = max(1, triton.cdiv(L, chunk))
     _launch_hist((T * n_chunks,), (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks),
-                 dict(CHUNK=chunk, BLOCK=cfg.split_block), num_warps=8)
+                 dict(CHUNK=chunk, BLOCK=cfg.split_block, NB=NBINS, NREP=NREP), num_warps=8)
     _launch_split_select((T * n_chunks,), (logits, out, ws, buf, logits.stride(0), logits.stride(1), out.stride(0),
                                            out.stride(1), ws.stride(0), buf.stride(0), L, topk, n_chunks),
-                         dict(CHUNK=chunk, BLOCK=cfg.split_block, NB=NBINS), num_warps=8)
+                         dict(CHUNK=chunk, BLOCK=cfg.split_block, NB=NBINS, NREP=NREP), num_warps=8)
