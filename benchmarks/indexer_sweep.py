@@ -4,7 +4,7 @@
 
 Cases: decode (64 requests, one row each at the end of a 32K / 128K context) and prefill (4096 causal rows over
 32K), 64 and 32 fp8 index heads, paged block 64. Times (do_bench median, ms) the logits kernel for each
-(block_k, chunk_tiles, num_warps, num_stages) and the selection (ours vs torch.topk) on the same logits.
+(block_k, chunk_tiles, num_warps, num_stages) and the selection (the split select vs torch.topk) on the same logits.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import triton
 
 from triton_mla_sparse import indexer as I
-from triton_mla_sparse.kernels.indexer import launch_split_select, launch_topk_select
+from triton_mla_sparse.kernels.indexer import launch_split_select
 
 D, BS, TOPK = 128, 64, 2048
 
@@ -85,13 +85,9 @@ def main():
             continue
         sel = torch.empty(p.T, TOPK, dtype=torch.int32, device="cuda")
         cfg = I.choose_indexer_config(p)
-        for sb, sw in ((4096, 16), (2048, 8), (8192, 16), (4096, 8)):
-            c2 = I.choose_indexer_config(p, select_block=sb, select_warps=sw)
-            ms = triton.testing.do_bench(lambda: launch_topk_select(out, sel, TOPK, c2), warmup=5, rep=40)
-            print(f"{kind} h{Hi} ctx{ctx}: select ours {ms:.4f} ms (block {sb}, warps {sw})")
         import triton_mla_sparse.kernels.indexer as K
 
-        nreps = [int(x) for x in a.nrep.split(",") if x] or [K.NREP]
+        nreps, nrep0 = [int(x) for x in a.nrep.split(",") if x] or [K.NREP], K.NREP
         for chunk, blk, nrep in [(c, b, r) for c, b in ((8192, 2048), (4096, 2048), (16384, 2048)) for r in nreps]:
             K.NREP = nrep
             c3 = I.choose_indexer_config(p, split_chunk=chunk, split_block=blk)
@@ -102,6 +98,7 @@ def main():
             gms = triton.testing.do_bench(g.replay, warmup=5, rep=40)
             print(f"{kind} h{Hi} ctx{ctx}: select split {ms:.4f} ms (graph {gms:.4f}; chunk {chunk}, block {blk}, "
                   f"copies {nrep})")
+        K.NREP = nrep0
         ms = triton.testing.do_bench(lambda: torch.topk(out, TOPK, dim=-1, sorted=False), warmup=5, rep=40)
         print(f"{kind} h{Hi} ctx{ctx}: torch.topk {ms:.4f} ms; default cfg {cfg}", flush=True)
 

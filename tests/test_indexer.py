@@ -148,7 +148,7 @@ def test_logits_and_topk_match_reference(k_fmt, q_name, Hi):
     assert got is out
     assert_logits_match(got, ref, what=what)
     topk = TOPKS[(CACHES.index(k_fmt) + list(QS).index(q_name) + HEADS.index(Hi)) % len(TOPKS)]
-    for select in ("triton", "torch", "split"):
+    for select in ("split", "torch"):
         sel = tms.indexer_topk(*args(case), topk, select=select)
         assert sel.dtype == torch.int32 and sel.device.type == DEVICE.type
         assert_topk_matches(sel, ref, topk, what=f"{what} topk={topk} select={select}")
@@ -207,9 +207,9 @@ def test_ties_and_empty_rows():
 
 
 def test_select_kernel_special_values():
-    """The radix selections alone on crafted rows: ±0, +inf, huge and tiny magnitudes, negatives, many ties, a row
+    """The split selection alone on crafted rows: ±0, +inf, huge and tiny magnitudes, negatives, many ties, a row
     of equal values (its whole width in one histogram bin)."""
-    from triton_mla_sparse.kernels.indexer import launch_split_select, launch_topk_select
+    from triton_mla_sparse.kernels.indexer import launch_split_select
 
     rows = [
         [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, 3e38, -3e38, 1e-40, -1e-40],
@@ -223,39 +223,38 @@ def test_select_kernel_special_values():
     x = x[:, torch.randperm(200)].contiguous().to(DEVICE)
 
     class Cfg:
-        select_block, select_warps, split_chunk, split_block = 64, 4, 64, 32  # 200 columns: four chunks
+        split_chunk, split_block = 64, 32  # 200 columns: four chunks of two steps
 
     ties = torch.full((2, 200), 1.5)
     ties[1, ::3] = -math.inf
     x = torch.cat([x, ties.to(DEVICE)], 0)  # one boundary bin holding the whole row
     for topk in (1, 3, 6, 9, 12, 150):
-        for launch in (launch_topk_select, launch_split_select):
-            out = torch.full((x.shape[0], topk), 777, dtype=torch.int32, device=DEVICE)
-            launch(x, out, topk, Cfg)
-            assert_topk_matches(out, x, topk, what=f"{launch.__name__} topk={topk}")
+        out = torch.full((x.shape[0], topk), 777, dtype=torch.int32, device=DEVICE)
+        launch_split_select(x, out, topk, Cfg)
+        assert_topk_matches(out, x, topk, what=f"topk={topk}")
 
 
 def test_select_nan_ranks_highest_like_the_reference():
     """A NaN logit (only non-finite inputs produce one) ranks above every number, whatever its sign bit, in both
     selections, as in torch.topk / the reference; -inf is never selected."""
     from triton_mla_sparse.indexer import _torch_select
-    from triton_mla_sparse.kernels.indexer import launch_split_select, launch_topk_select
+    from triton_mla_sparse.kernels.indexer import launch_split_select
 
     neg_nan = torch.tensor([-math.nan]).view(torch.int32)[0].item() | (1 << 31)
     nan_neg = torch.tensor([neg_nan], dtype=torch.int32).view(torch.float32)[0].item()
     x = torch.tensor([[1.0, math.nan, 2.0, -math.inf, nan_neg, 0.5]], dtype=torch.float32, device=DEVICE)
 
     class Cfg:
-        select_block, select_warps, split_chunk, split_block = 64, 4, 64, 32
+        split_chunk, split_block = 64, 32
 
     for topk in (2, 4, 6):
         want = [1, 4, 2, 0, 5][:topk]  # the candidates (all but the -inf at 3), largest first: NaNs, 2, 1, 0.5
-        for name in ("triton", "split", "torch"):
+        for name in ("split", "torch"):
             out = torch.full((1, topk), 777, dtype=torch.int32, device=DEVICE)
             if name == "torch":
                 _torch_select(x, out, topk)
             else:
-                (launch_topk_select if name == "triton" else launch_split_select)(x, out, topk, Cfg)
+                launch_split_select(x, out, topk, Cfg)
             got = out[0].tolist()
             assert sorted(v for v in got if v >= 0) == sorted(want), (name, topk, got)
             assert got.count(-1) == topk - len(want), (name, topk, got)
@@ -272,7 +271,7 @@ def test_one_row_per_request():
     max_len = sub["block_table"].shape[1] * 16
     ref = reference.indexer_logits(*args(sub), max_len, compute_dtype=torch.float64)
     assert_logits_match(tms.indexer_logits(*args(sub), max_len), ref, what="one row per request")
-    for select in ("triton", "torch", "split"):
+    for select in ("split", "torch"):
         assert_topk_matches(tms.indexer_topk(*args(sub), 20, select=select), ref, 20, what=select)
 
 

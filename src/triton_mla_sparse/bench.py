@@ -554,7 +554,7 @@ def _indexer_config_str(inp: IndexerInputs, what: str) -> str:
     chunk = f"x{cfg.chunk_tiles}" if hasattr(cfg, "chunk_tiles") else ""
     return (f"{what} bh{g('block_h')} bk{g('block_k')}{chunk} w{g('num_warps')} st{g('num_stages')}"
             + (" fp8dot" if getattr(cfg, "use_fp8_dot", False) else "")
-            + (f" sel{g('select_block')}x{g('select_warps')}" if g("select") == "triton" else f" sel-{g('select')}"))
+            + f" sel-{g('select')}")
 
 
 def _build_ours_indexer(inp: IndexerInputs) -> Prepared:

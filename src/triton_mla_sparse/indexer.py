@@ -167,15 +167,13 @@ class IndexerConfig:
     use_fp8_dot: bool  # fp8 q and fp8 cache on a GPU with fp8 tensor cores: dot on e4m3 operands
     dot_bf16: bool  # dot operand type when not fp8: bf16 (q bf16) or fp16
     sw_fp8: bool  # integer e4m3 decode (no fp8 conversion instructions)
-    select: str  # "torch" (torch.topk), "triton" (one radix-select program per row) or "split" (many per row)
-    select_block: int
-    select_warps: int
+    select: str  # "split" (this package's multi-program select) or "torch" (torch.topk)
     split_chunk: int = 8192  # positions per program of the split select
     split_block: int = 2048  # positions per step of the split select (8 warps: no stack on sm86–sm100)
     maxnreg: int | None = None  # register cap per thread for the logits kernel (None: ptxas decides)
 
 
-SELECTS = ("torch", "triton", "split")
+SELECTS = ("split", "torch")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -189,9 +187,8 @@ def indexer_config_for(arch, *, hi: int, q_fp8: bool, k_fp8: bool, dot_bf16: boo
     rows = max(1, 128 // block_h) if shared_rows else 1  # N = rows · heads of the dot: 128 (sm90, interpreter)
     if arch is None:  # interpreter: small tiles and chunks so tests cover several of each
         return IndexerConfig(block_h=block_h, block_k=32, chunk_tiles=2, rows_per_program=rows, num_warps=4,
-                             num_stages=1, use_fp8_dot=False, dot_bf16=dot_bf16, sw_fp8=False, select="triton",
-                             select_block=128, select_warps=4, split_chunk=256,
-                             split_block=64)
+                             num_stages=1, use_fp8_dot=False, dot_bf16=dot_bf16, sw_fp8=False, select="split",
+                             split_chunk=256, split_block=64)
     fp8_dot = q_fp8 and k_fp8 and arch.fp8_hw and (arch.backend != "cuda" or int(arch.target) >= 89)
     if arch.name == "sm90":
         # one warpgroup (wgmma), 128-position tiles, 2 stages, 16 tiles per program: the fastest of the sweep on
@@ -204,13 +201,11 @@ def indexer_config_for(arch, *, hi: int, q_fp8: bool, k_fp8: bool, dot_bf16: boo
         rows = 1
     # Selection, measured on the H200 (benchmarks/NOTES.md): for decode rows (one per request) the split select beat
     # torch.topk (64 rows x 32K: 0.059 vs 0.092-0.105 ms; x 128K: 0.16-0.17 vs 0.17-0.18); for prefill rows
-    # torch.topk won (4096 x 32K: 1.68 vs 1.80 ms), as it did over the one-program-per-row Triton select everywhere.
-    # Unmeasured architectures keep torch.topk.
+    # torch.topk won (4096 x 32K: 1.68 vs 1.80 ms). Unmeasured architectures keep torch.topk.
     select = "split" if arch.name == "sm90" and rows == 1 else "torch"
     return IndexerConfig(block_h=block_h, block_k=block_k, chunk_tiles=chunk_tiles, rows_per_program=rows,
                          num_warps=warps, num_stages=stages, use_fp8_dot=fp8_dot, dot_bf16=dot_bf16,
-                         sw_fp8=(q_fp8 or k_fp8) and not arch.fp8_hw, select=select, select_block=4096,
-                         select_warps=8)
+                         sw_fp8=(q_fp8 or k_fp8) and not arch.fp8_hw, select=select)
 
 
 def choose_indexer_config(p: IndexerProblem, **overrides) -> IndexerConfig:
@@ -286,10 +281,9 @@ def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, 
     ``[T, max_len]`` workspace, then a selection picks the positions without sorting: ``select="split"`` (this
     package's multi-program select: a histogram of the top 11 key bits, then every program writes its positions
     above the threshold bin and the row's last program resolves the boundary bin by radix select; the default for
-    decode rows on sm90, where it measured fastest), ``"torch"`` (``torch.topk``, a radix select; the default for
-    prefill rows and other GPUs), ``"triton"`` (one radix-select program per row: four 256-bin histogram passes and
-    a write pass; the default under the interpreter), or ``None`` = the configuration's choice. Shapes alone decide
-    every allocation: no host synchronisation, CUDA-graph capturable. The result plugs into
+    decode rows on sm90, where it measured fastest, and under the interpreter), ``"torch"`` (``torch.topk``, a
+    radix select; the default for prefill rows and other GPUs), or ``None`` = the configuration's choice. Shapes
+    decide every allocation: no host synchronisation, CUDA-graph capturable. The result plugs into
     :func:`triton_mla_sparse.topk_to_slots`.
     """
     p, max_len = check_indexer_topk_inputs(q, weights, k_cache, block_table, req_id_per_token, positions, topk,
@@ -301,14 +295,12 @@ def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, 
     if p.T:
         cfg = choose_indexer_config(p, **({"select": select} if select else {}))
         logits = torch.empty(p.T, max_len, dtype=torch.float32, device=p.device)
-        from .kernels.indexer import launch_split_select, launch_topk_select
+        from .kernels.indexer import launch_split_select
 
         with device_guard(p.device):
             if max_len:
                 _launch_logits(p, logits, cfg)
-            if cfg.select == "triton":
-                launch_topk_select(logits, result, topk, cfg)
-            elif cfg.select == "split":
+            if cfg.select == "split":
                 launch_split_select(logits, result, topk, cfg)
             else:
                 _torch_select(logits, result, topk)

@@ -124,17 +124,6 @@ def compile_indexer_logits(arch, cfg, *, q_fp8: bool, k_fp8: bool):
     return _compile(I._indexer_logits_kernel, sig, const, div, arch, cfg.num_warps, cfg.num_stages, ones)
 
 
-def compile_topk_select(arch, cfg):
-    """Compile the indexer's top-k selection kernel of ``cfg`` for ``arch``."""
-    from . import indexer as I
-
-    sig = {"x_ptr": "*fp32", "out_ptr": "*i32"}
-    sig.update({n: "i32" for n in ["stride_x_t", "stride_x_p", "stride_o_t", "stride_o_k", "T", "L", "topk"]})
-    return _compile(I._topk_select_kernel, sig, dict(BLOCK=cfg.select_block),
-                    ["x_ptr", "out_ptr", "stride_x_t", "stride_o_t"], arch, cfg.select_warps, 1,
-                    ("stride_x_p", "stride_o_k"))
-
-
 def compile_split_select(arch, cfg):
     """Compile the two kernels of the split top-k select (histogram, then select) for ``arch``."""
     from . import indexer as I
@@ -164,7 +153,7 @@ INDEXER_LOGITS_KERNELS = ("indexer_logits_decode", "indexer_logits_prefill")
 
 def indexer_matrix_entries():
     return [(hi, qf, kf, kernel) for hi, qf, kf in INDEXER_BUILDS for kernel in INDEXER_LOGITS_KERNELS] + \
-        [(0, "", "", "topk_select"), (0, "", "", "topk_split_hist"), (0, "", "", "topk_split_select")]
+        [(0, "", "", "topk_split_hist"), (0, "", "", "topk_split_select")]
 
 
 def _cuobjdump() -> str:
@@ -237,9 +226,7 @@ def compile_matrix(arch_name: str) -> list[dict]:
                                   shared_rows=kernel.endswith("prefill"))
         item = dict(arch=arch_name, hc=hi, cc=qf, fmt=kf, kernel=kernel, config=repr(icfg))
         try:
-            if kernel == "topk_select":
-                built = compile_topk_select(arch, icfg)
-            elif kernel.startswith("topk_split"):
+            if kernel.startswith("topk_split"):
                 built = compile_split_select(arch, icfg)[kernel == "topk_split_select"]
             else:
                 built = compile_indexer_logits(arch, icfg, q_fp8=qf == "fp8", k_fp8=kf == "fp8")

@@ -8,12 +8,13 @@
   fp16/bf16), scales each row by its K scale, applies relu and reduces over the heads with the weights inside each
   thread's rows. Rows of one request (prefill) share each K tile; decode rows (one per request) use ``ROWS = 1``.
   Positions past a row's own (or of a row with an invalid request id) get -inf and are never read.
-* :func:`_topk_select_kernel`: one program per row. Logits map to sortable integer keys (float32 bits with the
-  sign handled); four radix passes (a 256-bin histogram of one key byte among the keys matching the bytes fixed so
-  far) find the k-th largest key τ among the candidates (-inf is not one); a last pass writes every position with
-  key > τ and, in position order, enough positions with key == τ to reach k; the rest of the row is -1. No sorting,
-  no host synchronisation, no data-dependent allocation (CUDA-graph safe). On GPUs ``indexer_topk`` selects with
-  ``torch.topk`` by default (measured faster; benchmarks/NOTES.md); this kernel is the ``select="triton"`` path.
+* :func:`_topk_hist_kernel` + :func:`_topk_split_select_kernel` (the split select, many programs per row): a
+  histogram of the top 11 bits of the rows' sortable keys (float32 bits with the sign handled; every NaN highest),
+  then the threshold bin holding each row's k-th largest candidate (-inf is not one); positions above it go straight
+  to the output, those in it to a boundary buffer from which the row's last program takes the rest by a radix
+  select on the low 21 bits (256-bin histogram passes); the rest of the row is -1. No sorting, no host
+  synchronisation, no data-dependent allocation (CUDA-graph safe). ``indexer_topk`` uses it for decode rows on sm90
+  (measured faster than ``torch.topk`` there) and ``torch.topk`` elsewhere (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
@@ -148,67 +149,6 @@ def _sortable_key(x):
     return tl.where(x != x, 4294967295, key)
 
 
-@triton.jit(do_not_specialize=["T", "L", "topk"])
-def _topk_select_kernel(
-    x_ptr, out_ptr, stride_x_t, stride_x_p, stride_o_t, stride_o_k,
-    T, L, topk,
-    BLOCK: tl.constexpr,
-):
-    i_t = tl.program_id(0).to(tl.int64)
-    o_b = tl.arange(0, BLOCK)
-    bins = tl.arange(0, 256)
-    p_x = x_ptr + i_t * stride_x_t
-    key_ninf = _sortable_key(tl.full([BLOCK], float("-inf"), dtype=tl.float32))
-
-    # Radix select of tau = the need-th largest key (need = min(topk, candidates); -inf is not a candidate), one
-    # byte of the 32-bit key per pass from the top: a 256-bin histogram of that byte among the keys that match
-    # the bytes fixed so far, then the bin where the count from the top reaches what is still needed.
-    prefix = tl.zeros([], dtype=tl.int64)
-    need = tl.zeros([], dtype=tl.int32)
-    left = tl.zeros([], dtype=tl.int32)  # still to take among keys matching the prefix
-    for d in tl.static_range(4):
-        shift = 24 - 8 * d
-        hist = tl.zeros([256], dtype=tl.int32)
-        for c0 in range(0, L, BLOCK):
-            o_p = c0 + o_b
-            x = tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
-            key = _sortable_key(x)
-            match = key > key_ninf
-            if d > 0:
-                match = match & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
-            hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
-        if d == 0:
-            need = tl.minimum(tl.sum(hist, 0), topk)
-            left = need
-        above = tl.sum(hist, 0) - tl.cumsum(hist, 0)  # keys of this pass with a larger byte
-        b = tl.max(tl.where(above + hist >= left, bins, 0), 0)
-        left = left - tl.sum(tl.where(bins == b, above, 0), 0)
-        prefix = prefix | (b.to(tl.int64) << shift)
-    tau = prefix
-    n_eq_take = left  # keys equal to tau to take, in position order, after every key above tau
-
-    p_o = out_ptr + i_t * stride_o_t
-    base = tl.zeros([], dtype=tl.int32)
-    eq_seen = tl.zeros([], dtype=tl.int32)
-    for c0 in range(0, L, BLOCK):
-        o_p = c0 + o_b
-        x = tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
-        key = _sortable_key(x)
-        cand_ok = key > key_ninf
-        is_eq = (key == tau) & cand_ok
-        eq_rank = eq_seen + tl.cumsum(is_eq.to(tl.int32), 0) - 1
-        sel = cand_ok & ((key > tau) | (is_eq & (eq_rank < n_eq_take)))
-        sel_i = sel.to(tl.int32)
-        dst = base + tl.cumsum(sel_i, 0) - 1
-        tl.store(p_o + dst.to(tl.int64) * stride_o_k, o_p, mask=sel & (dst < topk))
-        base += tl.sum(sel_i, 0)
-        eq_seen += tl.sum(is_eq.to(tl.int32), 0)
-    for j0 in range(0, topk, BLOCK):
-        o_j = j0 + o_b
-        tl.store(p_o + o_j.to(tl.int64) * stride_o_k, tl.full([BLOCK], -1, dtype=tl.int32),
-                 mask=(o_j >= need) & (o_j < topk))
-
-
 NBINS = 2048  # histogram bins of the split select: the top 11 bits of the 32-bit sortable key
 NREP = 8  # copies of each row's histogram (program c adds into copy c % NREP): spreads same-bin atomics
 
@@ -328,7 +268,6 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
 
 
 _launch_logits = CachedLauncher(_indexer_logits_kernel)
-_launch_select = CachedLauncher(_topk_select_kernel)
 _launch_hist = CachedLauncher(_topk_hist_kernel)
 _launch_split_select = CachedLauncher(_topk_split_select_kernel)
 
@@ -356,15 +295,6 @@ def launch_indexer_logits(p, out, cfg):
                      SW_FP8=cfg.sw_fp8, BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, ROWS=rows),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}))
-
-
-def launch_topk_select(logits, out, topk, cfg):
-    """Per-row top-k positions of ``logits`` float32 [T, L] into ``out`` int32 [T, topk] (-1 padded)."""
-    T, L = logits.shape
-    if T == 0:
-        return
-    _launch_select((T,), (logits, out, logits.stride(0), logits.stride(1), out.stride(0), out.stride(1), T, L, topk),
-                   dict(BLOCK=cfg.select_block), num_warps=cfg.select_warps)
 
 
 def launch_split_select(logits, out, topk, cfg):
