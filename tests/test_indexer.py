@@ -103,9 +103,11 @@ def assert_logits_match(ours, ref, tol=1e-5, what=""):
         assert (ours[~ninf] - ref[~ninf]).abs().max() <= 1e-4 * scale + 1e-6, what
 
 
-def assert_topk_matches(sel, ref_logits, topk, what=""):
+def assert_topk_matches(sel, ref_logits, topk, what="", exact=False):
     """``sel`` int32 [T, topk] against reference logits [T, L]: the selected positions are distinct candidates,
-    -1 exactly for the missing ones, and their sorted logit values equal the reference's top values."""
+    -1 exactly for the missing ones, and their sorted logit values equal the reference's top values (within
+    1e-5 · the row's largest magnitude, for kernel-computed logits; ``exact`` when the selection ran on
+    ``ref_logits`` itself)."""
     sel = sel.cpu().long()
     ref_logits = ref_logits.cpu().to(torch.float64)
     T, L = ref_logits.shape
@@ -124,6 +126,9 @@ def assert_topk_matches(sel, ref_logits, topk, what=""):
         assert not torch.isneginf(got).any(), f"{what} row {t}: selected a non-candidate"
         want = torch.topk(row, k).values if k else row[:0]
         got_sorted, want_sorted = torch.sort(got).values, torch.sort(want).values
+        if exact:
+            assert torch.equal(got_sorted.nan_to_num(nan=7.5), want_sorted.nan_to_num(nan=7.5)), f"{what} row {t}"
+            continue
         tol = 1e-5 * float(row[~torch.isneginf(row)].abs().max()) if n else 0.0
         assert torch.allclose(got_sorted, want_sorted, rtol=0, atol=tol + 1e-7), f"{what} row {t}"
 
@@ -222,16 +227,31 @@ def test_select_kernel_special_values():
     x = torch.cat([x, torch.full((x.shape[0], 190), -math.inf)], 1)  # several chunks
     x = x[:, torch.randperm(200)].contiguous().to(DEVICE)
 
-    class Cfg:
+    class Four:
         split_chunk, split_block = 64, 32  # 200 columns: four chunks of two steps
+
+    class Thirteen:
+        split_chunk, split_block = 16, 16  # more chunks than histogram copies (NREP = 8)
 
     ties = torch.full((2, 200), 1.5)
     ties[1, ::3] = -math.inf
     x = torch.cat([x, ties.to(DEVICE)], 0)  # one boundary bin holding the whole row
-    for topk in (1, 3, 6, 9, 12, 150):
-        out = torch.full((x.shape[0], topk), 777, dtype=torch.int32, device=DEVICE)
-        launch_split_select(x, out, topk, Cfg)
-        assert_topk_matches(out, x, topk, what=f"topk={topk}")
+    for cfg in (Four, Thirteen):
+        for topk in (1, 3, 6, 9, 12, 150):
+            out = torch.full((x.shape[0], topk), 777, dtype=torch.int32, device=DEVICE)
+            launch_split_select(x, out, topk, cfg)
+            assert_topk_matches(out, x, topk, what=f"{cfg.__name__} topk={topk}", exact=True)
+
+
+def test_split_select_rejects_overlapping_chunks():
+    from triton_mla_sparse.kernels.indexer import launch_split_select
+
+    class Bad:
+        split_chunk, split_block = 48, 32
+
+    x = torch.arange(100, dtype=torch.float32, device=DEVICE)[None]
+    with pytest.raises(ValueError, match="multiple of split_block"):
+        launch_split_select(x, torch.empty(1, 10, dtype=torch.int32, device=DEVICE), 10, Bad)
 
 
 def test_select_nan_ranks_highest_like_the_reference():

@@ -263,7 +263,7 @@ def indexer_logits(q, weights, k_cache, block_table, req_id_per_token, positions
 def check_indexer_topk_inputs(q, weights, k_cache, block_table, req_id_per_token, positions, topk, max_len, out):
     """Validate the arguments of ``indexer_topk`` (shared with the reference); returns (problem, max_len)."""
     p = check_indexer_inputs(q, weights, k_cache, block_table, req_id_per_token, positions)
-    _check_int("topk", topk, 1)
+    _check_int("topk", topk, 1, MAX_LEN)
     if max_len is None:
         max_len = p.capacity
     _check_int("max_len", max_len, 0, MAX_LEN)

@@ -167,9 +167,10 @@ def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_ch
     o_b = tl.arange(0, BLOCK)
     key_ninf = _sortable_key(tl.full([BLOCK], float("-inf"), dtype=tl.float32))
     ones = tl.full([BLOCK], 1, dtype=tl.int32)
-    for p0 in range(p_start, tl.minimum(p_start + CHUNK, L), BLOCK):
+    p_end = tl.minimum(p_start + CHUNK, L)
+    for p0 in range(p_start, p_end, BLOCK):
         o_p = p0 + o_b
-        x = tl.load(x_ptr + i_t * stride_x_t + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
+        x = tl.load(x_ptr + i_t * stride_x_t + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf"))
         key = _sortable_key(x)
         tl.atomic_add(p_ws + (key >> 21), ones, mask=key > key_ninf, sem="relaxed")
 
@@ -204,9 +205,10 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
     n_bound = tl.sum(tl.where(bins == b_thr, hist, 0), 0)
     key_ninf = _sortable_key(tl.full([BLOCK], float("-inf"), dtype=tl.float32))
 
-    for p0 in range(p_start, tl.minimum(p_start + CHUNK, L), BLOCK):
+    p_end = tl.minimum(p_start + CHUNK, L)
+    for p0 in range(p_start, p_end, BLOCK):
         o_p = p0 + o_b
-        x = tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
+        x = tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf"))
         key = _sortable_key(x)
         cand = key > key_ninf
         b = (key >> 21).to(tl.int32)
@@ -223,6 +225,7 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
             dst = base + tl.cumsum(eq, 0) - 1
             tl.store(p_buf + dst.to(tl.int64), o_p, mask=eq != 0)
 
+    tl.debug_barrier()  # every thread's buffer writes precede the release below (explicit on every Triton version)
     done = tl.atomic_add(p_ws + NREP * NB + 2, 1, sem="acq_rel")
     if done == n_chunks - 1:
         # The boundary bin: n_bound candidate positions in buf; take `take` of them with the largest keys.
@@ -310,6 +313,8 @@ def launch_split_select(logits, out, topk, cfg):
     ws = torch.zeros(T, NREP * NBINS + 4, dtype=torch.int32, device=logits.device)
     buf = torch.empty(T, max(L, 1), dtype=torch.int32, device=logits.device)
     chunk = cfg.split_chunk
+    if chunk % cfg.split_block or cfg.split_block & (cfg.split_block - 1):
+        raise ValueError(f"split_chunk ({chunk}) must be a multiple of split_block ({cfg.split_block}), a power of 2")
     n_chunks = max(1, triton.cdiv(L, chunk))
     _launch_hist((T * n_chunks,), (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks),
                  dict(CHUNK=chunk, BLOCK=cfg.split_block, NB=NBINS, NREP=NREP), num_warps=8)
