@@ -51,44 +51,6 @@ def target_for(arch) -> GPUTarget:
     return GPUTarget(arch.backend, arch.target, arch.warp_size)
 
 
-def compile_attention(arch, cfg: AttentionConfig, *, kv_format: str, split: bool, q_dtype: str = "bf16",
-                      has_rope: bool = True):
-    """Compile the attention kernel of ``cfg`` for ``arch`` (worst-case flags: topk_length and sink on)."""
-    fmt = A._FMT_CODES[kv_format]
-    kv_type = "*u8" if fmt != A.FMT_NATIVE else f"*{'fp16' if kv_format == 'fp16' else 'bf16'}"
-    sig = {n: (f"*{q_dtype}" if t == "q" else kv_type if t == "kv" else t) for n, t in _PTR_TYPES.items()}
-    sig.update({n: "i32" for n in _INTS})
-    sig.update(sm_scale_log2="fp32", k_scale="fp32")
-    const = dict(FMT=fmt, CONVERT=fmt == A.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,
-                 HAS_TOPK_LEN=True, HAS_SINK=True, K_SCALE_PTR=False, SPLIT=split, BLOCK_H=cfg.block_h,
-                 BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8)
-    names = list(sig) + list(const)
-    sig.update({k: "constexpr" for k in const})
-    sig["stride_idx_k"] = "constexpr"
-    consts = {(names.index(k),): v for k, v in const.items()}
-    consts[(names.index("stride_idx_k"),)] = 1
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in list(_PTR_TYPES) + sorted(_DIV16)}
-    src = ASTSource(fn=A._sparse_mla_fwd_kernel, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=target_for(arch),
-                          options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-
-
-def compile_combine(arch, cfg: AttentionConfig, q_dtype: str = "bf16"):
-    """Compile the split-merge kernel of ``cfg`` for ``arch``."""
-    sig = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": f"*{q_dtype}",
-           "lse_ptr": "*fp32"}
-    ints = ["stride_po_t", "stride_po_s", "stride_po_h", "stride_pl_t", "stride_pl_s", "stride_pl_h",
-            "stride_o_t", "stride_o_h", "stride_l_t", "stride_l_h", "stride_sink", "H", "num_splits"]
-    sig.update({n: "i32" for n in ints})
-    const = dict(HAS_SINK=True, BLOCK_H=cfg.combine_block_h)
-    names = list(sig) + list(const)
-    sig.update({k: "constexpr" for k in const})
-    consts = {(names.index(k),): v for k, v in const.items()}
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in list(sig)[:5]}
-    src = ASTSource(fn=A._combine_kernel, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=target_for(arch), options=dict(num_warps=cfg.combine_warps, num_stages=1))
-
-
 def _compile(fn, sig: dict, const: dict, divisible, arch, num_warps: int, num_stages: int, ones=()):
     """``triton.compile`` of ``fn`` with ``sig`` (name -> type), constexprs ``const``, and what a real launch
     specialises: the names in ``divisible`` as divisible by 16, those in ``ones`` as the constant 1 (Triton turns an
@@ -100,6 +62,32 @@ def _compile(fn, sig: dict, const: dict, divisible, arch, num_warps: int, num_st
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     src = ASTSource(fn=fn, signature=full, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=target_for(arch), options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def compile_attention(arch, cfg: AttentionConfig, *, kv_format: str, split: bool, q_dtype: str = "bf16",
+                      has_rope: bool = True):
+    """Compile the attention kernel of ``cfg`` for ``arch`` (worst-case flags: topk_length and sink on)."""
+    fmt = A._FMT_CODES[kv_format]
+    kv_type = "*u8" if fmt != A.FMT_NATIVE else f"*{'fp16' if kv_format == 'fp16' else 'bf16'}"
+    sig = {n: (f"*{q_dtype}" if t == "q" else kv_type if t == "kv" else t) for n, t in _PTR_TYPES.items()}
+    sig.update({n: "i32" for n in _INTS})
+    sig.update(sm_scale_log2="fp32", k_scale="fp32")
+    const = dict(FMT=fmt, CONVERT=fmt == A.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,
+                 HAS_TOPK_LEN=True, HAS_SINK=True, K_SCALE_PTR=False, SPLIT=split, BLOCK_H=cfg.block_h,
+                 BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8)
+    return _compile(A._sparse_mla_fwd_kernel, sig, const, list(_PTR_TYPES) + sorted(_DIV16), arch, cfg.num_warps,
+                    cfg.num_stages, ones=("stride_idx_k",))
+
+
+def compile_combine(arch, cfg: AttentionConfig, q_dtype: str = "bf16"):
+    """Compile the split-merge kernel of ``cfg`` for ``arch``."""
+    sig = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": f"*{q_dtype}",
+           "lse_ptr": "*fp32"}
+    ints = ["stride_po_t", "stride_po_s", "stride_po_h", "stride_pl_t", "stride_pl_s", "stride_pl_h",
+            "stride_o_t", "stride_o_h", "stride_l_t", "stride_l_h", "stride_sink", "H", "num_splits"]
+    sig.update({n: "i32" for n in ints})
+    const = dict(HAS_SINK=True, BLOCK_H=cfg.combine_block_h)
+    return _compile(A._combine_kernel, sig, const, list(sig)[:5], arch, cfg.combine_warps, 1)
 
 
 def compile_indexer_logits(arch, cfg, *, q_fp8: bool, k_fp8: bool):
