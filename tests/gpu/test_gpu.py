@@ -9,44 +9,30 @@ interpreter (float16 q instead of bfloat16; graph and large-cache tests skip) to
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import pytest
 import torch
 
-ON_CPU = os.environ.get("TMS_GPU_TESTS_ON_CPU", "0") == "1"
-if ON_CPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+from ._env import DEV, GPU_TIER, INT32_MAX, INT32_MIN, ON_CPU, QD, gpu_only  # first: may switch on the interpreter
+from triton_mla_sparse import quantize_fp8_ds_mla, reference, sparse_mla_attention, topk_to_slots
+from triton_mla_sparse.api import sparse_mla_attention_with_config
+from triton_mla_sparse.bench import random_block_table, random_topk_positions, rel_err
 
-from triton_mla_sparse import quantize_fp8_ds_mla, reference, sparse_mla_attention, topk_to_slots  # noqa: E402
-from triton_mla_sparse.api import sparse_mla_attention_with_config  # noqa: E402
-from triton_mla_sparse.bench import random_block_table, random_topk_positions, rel_err  # noqa: E402
+pytestmark = GPU_TIER
 
-HAVE_CUDA = torch.cuda.is_available()
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (HAVE_CUDA or ON_CPU), reason="needs a CUDA GPU"),
-]
-
-DEV = "cuda" if HAVE_CUDA and not ON_CPU else "cpu"
 if ON_CPU:
     TOPK, CTX, BS, NREQ, CHECK_ROWS = 32, 128, 16, 4, 4
     ROWS = {1: 1, 64: 4, 4096: 8}
-    QD = torch.float16  # the interpreter's bf16 dots are garbage
 else:
     TOPK, CTX, BS, NREQ, CHECK_ROWS = 2048, 8192, 64, 8, 256
     ROWS = {1: 1, 64: 64, 4096: 4096}
-    QD = torch.bfloat16
 SCALE = 256 ** -0.5
 NB = NREQ * CTX // BS  # blocks in the pool
 NUM_SLOTS = NB * BS
-INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 FORMATS = ["bf16", "fp16", "fp8_e4m3", "fp8_ds_mla_pow2", "fp8_ds_mla_fp32"]
 HEADS = [8, 16, 64, 128]
 LSE_ATOL = 1e-2
-
-gpu_only = pytest.mark.skipif(DEV != "cuda", reason="needs a CUDA GPU (not the interpreter)")
 
 
 @dataclass

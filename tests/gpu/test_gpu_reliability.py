@@ -20,32 +20,20 @@ the Triton interpreter (float16 q; large-memory, stream and graph cases skip).
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-ON_CPU = os.environ.get("TMS_GPU_TESTS_ON_CPU", "0") == "1"
-if ON_CPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+from ._env import DEV, GPU_TIER, INT32_MAX, INT32_MIN, ON_CPU, QD, gpu_only  # first: may switch on the interpreter
+from triton_mla_sparse import quantize_fp8_ds_mla, reference, sparse_mla_attention
+from triton_mla_sparse.api import sparse_mla_attention_with_config
+from triton_mla_sparse.kernels.configs import AttentionConfig
 
-from triton_mla_sparse import quantize_fp8_ds_mla, reference, sparse_mla_attention  # noqa: E402
-from triton_mla_sparse.api import sparse_mla_attention_with_config  # noqa: E402
-from triton_mla_sparse.kernels.configs import AttentionConfig  # noqa: E402
+pytestmark = GPU_TIER
 
-HAVE_CUDA = torch.cuda.is_available()
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (HAVE_CUDA or ON_CPU), reason="needs a CUDA GPU"),
-]
-DEV = "cuda" if HAVE_CUDA and not ON_CPU else "cpu"
-gpu_only = pytest.mark.skipif(DEV != "cuda", reason="needs a CUDA GPU (not the interpreter)")
-
-QD = torch.float16 if ON_CPU else torch.bfloat16  # the interpreter's bf16 dots are garbage
 OUT_TOL = 5e-3 if ON_CPU else 1e-2  # relative L2 error of out against the float64 reference (bf16 rounding)
 LSE_TOL = 1e-2  # |lse - ref| <= LSE_TOL + 1e-5 · |ref| (as test_gpu.py, plus a relative term for huge logits)
 SCALE = 192 ** -0.5
-INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
 ROW = {"bf16": 576, "fp16": 576, "fp8_e4m3": 576, "fp8_ds_mla": 656}
 DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_ds_mla": torch.uint8}
