@@ -212,14 +212,8 @@ def smoke_cases(kinds=None) -> list[Case]:
 
 # ----------------------------------------------------------------------------------------------------- inputs
 
-@dataclass
-class CaseInputs:
-    case: Case
-    q: torch.Tensor  # [rows, heads, 576]
-    kv_cache: torch.Tensor  # [num_blocks, block_size, row] in the case's format
-    indices: torch.Tensor  # int32 [rows, topk] global slots
-    block_table: torch.Tensor  # int32 [requests, blocks_per_request]
-    unique_rows: int  # distinct cache rows referenced by all lists together
+class _Inputs:
+    """What every input set derives from its case and its q."""
 
     @property
     def device(self) -> torch.device:
@@ -228,6 +222,16 @@ class CaseInputs:
     @property
     def kv_format(self) -> str:
         return self.case.kv_format
+
+
+@dataclass
+class CaseInputs(_Inputs):
+    case: Case
+    q: torch.Tensor  # [rows, heads, 576]
+    kv_cache: torch.Tensor  # [num_blocks, block_size, row] in the case's format
+    indices: torch.Tensor  # int32 [rows, topk] global slots
+    block_table: torch.Tensor  # int32 [requests, blocks_per_request]
+    unique_rows: int  # distinct cache rows referenced by all lists together
 
     @property
     def softmax_scale(self) -> float:
@@ -320,7 +324,7 @@ def build_inputs(case: Case, device, seed: int = 0):
 
 
 @dataclass
-class IndexerInputs:
+class IndexerInputs(_Inputs):
     """The arguments of one DSA-indexer problem, in the layout vLLM hands to its indexer (and to ours)."""
 
     case: Case
@@ -330,14 +334,6 @@ class IndexerInputs:
     block_table: torch.Tensor  # int32 [requests, ctx / block_size]
     req_id_per_token: torch.Tensor  # int32 [rows]
     positions: torch.Tensor  # int32 [rows]: row t scores request-local tokens 0 .. positions[t]
-
-    @property
-    def device(self) -> torch.device:
-        return self.q.device
-
-    @property
-    def kv_format(self) -> str:
-        return self.case.kv_format
 
     @property
     def max_len(self) -> int:
