@@ -228,15 +228,18 @@ def test_select_kernel_special_values():
     x = x[:, torch.randperm(200)].contiguous().to(DEVICE)
 
     class Four:
-        split_chunk, split_block = 64, 32  # 200 columns: four chunks of two steps
+        split_chunk, split_block, bound = 64, 32, False  # 200 columns: four chunks of two steps
 
     class Thirteen:
-        split_chunk, split_block = 16, 16  # more chunks than histogram copies (NREP = 8)
+        split_chunk, split_block, bound = 16, 16, False  # more chunks than histogram copies (NREP = 8)
+
+    class Bounded:
+        split_chunk, split_block, bound = 128, 32, True  # with the bound pass: two chunks of four steps
 
     ties = torch.full((2, 200), 1.5)
     ties[1, ::3] = -math.inf
     x = torch.cat([x, ties.to(DEVICE)], 0)  # one boundary bin holding the whole row
-    for cfg in (Four, Thirteen):
+    for cfg in (Four, Thirteen, Bounded):
         for topk in (1, 3, 6, 9, 12, 150):
             out = torch.full((x.shape[0], topk), 777, dtype=torch.int32, device=DEVICE)
             launch_split_select(x, out, topk, cfg)
@@ -247,7 +250,7 @@ def test_split_select_rejects_overlapping_chunks():
     from triton_mla_sparse.kernels.indexer import launch_split_select
 
     class Bad:
-        split_chunk, split_block = 48, 32
+        split_chunk, split_block, bound = 48, 32, False
 
     x = torch.arange(100, dtype=torch.float32, device=DEVICE)[None]
     with pytest.raises(ValueError, match="multiple of split_block"):
@@ -265,7 +268,7 @@ def test_select_nan_ranks_highest_like_the_reference():
     x = torch.tensor([[1.0, math.nan, 2.0, -math.inf, nan_neg, 0.5]], dtype=torch.float32, device=DEVICE)
 
     class Cfg:
-        split_chunk, split_block = 64, 32
+        split_chunk, split_block, bound = 128, 32, True
 
     for topk in (2, 4, 6):
         want = [1, 4, 2, 0, 5][:topk]  # the candidates (all but the -inf at 3), largest first: NaNs, 2, 1, 0.5
@@ -293,6 +296,83 @@ def test_one_row_per_request():
     assert_logits_match(tms.indexer_logits(*args(sub), max_len), ref, what="one row per request")
     for select in ("split", "torch"):
         assert_topk_matches(tms.indexer_topk(*args(sub), 20, select=select), ref, 20, what=select)
+
+
+def _sortable_keys(x: torch.Tensor) -> torch.Tensor:
+    """The split select's unsigned 32-bit order keys (int64) of float32 logits: -inf lowest, NaN highest."""
+    bits = x.contiguous().view(torch.int32).long()
+    key = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF) + 2**31
+    return torch.where(torch.isnan(x), torch.full_like(key, 2**32 - 1), key)
+
+
+def _decode_rows(case):
+    """The case's last row of each request (decode-shaped: one row per request)."""
+    req = case["req_id_per_token"].cpu()
+    last = torch.tensor([int((req == r).nonzero().max()) for r in range(int(req.max()) + 1)])
+    return {k: (v[last.to(v.device)] if k in ("q", "weights", "req_id_per_token", "positions") else v)
+            for k, v in case.items()}
+
+
+@pytest.mark.parametrize("topk", (1, 7, 40, 150))
+def test_topk_bound_counts_enough(topk):
+    """The split select's bound pass: per group size, the chunks all of whose groups hold a candidate take part;
+    the bound the histogram counts from has at least min(topk, candidates) logits at or above it; on iid rows and
+    small top-k it excludes most of the row (or the pass would be useless); the selection stays exact."""
+    from triton_mla_sparse.kernels import indexer as K
+
+    class Cfg:
+        split_chunk, split_block, bound = 256, 64, True
+
+    g = torch.Generator().manual_seed(topk)
+    L = 2048
+    x = torch.randn(6, L, generator=g)
+    x[1, 1500:] = -math.inf  # a shorter row: its last chunks vouch for nothing
+    x[2, ::3] = -math.inf  # gaps: groups of 16 still hold candidates
+    x[3, 100:116] = -math.inf  # one empty 16-group: that chunk only vouches at 32 positions per group and up
+    x[4] = torch.linspace(-3, 3, L)  # rising: the large logits in the last chunk
+    x[5, 3:] = -math.inf  # fewer candidates than most top-k
+    x = x.to(DEVICE)
+    out = torch.full((6, topk), 777, dtype=torch.int32, device=DEVICE)
+    ws, _ = K.launch_split_select(x, out, topk, Cfg)
+    assert_topk_matches(out, x, topk, what=f"topk={topk}", exact=True)
+    slots = ws[:, K.NREP * K.NBINS + 10:K.NREP * K.NBINS + 18].cpu().long()
+    keys = _sortable_keys(x.cpu())
+    cand = keys > K.KEY_NINF
+    for t in range(6):
+        lo = K.KEY_NINF + 1
+        for j in range(4):
+            size = K.BOUND_GROUP << j
+            full = sum(bool(cand[t, c:c + 256].view(-1, size).any(1).all()) for c in range(0, L, 256))
+            assert int(slots[t, 2 * j + 1]) == full, (t, j)
+            if full * (256 // size) >= topk:
+                lo = max(lo, 2**32 - 1 - (int(slots[t, 2 * j]) & 0xFFFFFFFF))
+        assert int((cand[t] & (keys[t] >= lo)).sum()) >= min(topk, int(cand[t].sum())), t
+        if t == 0 and topk <= 40:
+            assert int((keys[t] >= lo).sum()) < L // 4, "the bound excluded too little of an iid row"
+
+
+@pytest.mark.parametrize("order", ("rising", "falling", "middle"))
+def test_topk_skewed_rows(order):
+    """Decode rows whose largest logits crowd into one end (or the middle) of the context, so that most chunks
+    vouch for low bounds: the selection stays exact."""
+    case = _decode_rows(make_case(k_fmt="fp16", Hi=4, bs=16, lengths=(256, 200, 97), seed=3))
+    k = case["k_cache"].float()
+    nb, bs = k.shape[:2]
+    bt = case["block_table"].cpu().long()
+    gain = torch.ones(nb, bs)
+    for r in range(bt.shape[0]):
+        for c in range(bt.shape[1]):
+            b = int(bt[r, c])
+            if 0 <= b < nb:
+                pos = torch.arange(c * bs, (c + 1) * bs, dtype=torch.float32)
+                gain[b] = {"rising": 1 + pos / 8, "falling": 40 - pos / 8,
+                           "middle": 1 + 30 * torch.exp(-((pos - 100) / 20) ** 2)}[order].clamp_min(0.5)
+    case["k_cache"] = (k * gain[..., None].to(k.device)).to(torch.float16)
+    case["weights"] = case["weights"].abs()  # positive weights: larger keys give larger logits
+    max_len = case["block_table"].shape[1] * bs
+    ref = reference.indexer_logits(*args(case), max_len, compute_dtype=torch.float64)
+    for topk in (5, 33, 120):
+        assert_topk_matches(tms.indexer_topk(*args(case), topk), ref, topk, what=f"{order} topk={topk}")
 
 
 def test_plugs_into_topk_to_slots():

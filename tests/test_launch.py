@@ -60,8 +60,8 @@ def _constexpr_in_the_middle(x_ptr, N: tl.constexpr, y_ptr):
 def test_launcher_needs_constexprs_last():
     from triton_mla_sparse.kernels import attention, indexer
 
-    for launcher in (attention._launch_fwd, attention._launch_combine, indexer._launch_logits, indexer._launch_hist,
-                     indexer._launch_split_select):
+    for launcher in (attention._launch_fwd, attention._launch_combine, indexer._launch_logits, indexer._launch_bound,
+                     indexer._launch_hist, indexer._launch_split_select):
         assert launcher.names  # built at import: their constexprs are last
     with pytest.raises(TypeError, match="constexpr parameters last"):
         L.CachedLauncher(_constexpr_in_the_middle)

@@ -171,6 +171,7 @@ class IndexerConfig:
     split_chunk: int = 8192  # positions per program of the split select
     split_block: int = 2048  # positions per step of the split select (8 warps: no stack on sm86–sm100)
     maxnreg: int | None = None  # register cap per thread for the logits kernel (None: ptxas decides)
+    bound: bool = True  # split select: a bound pass first, so that the histogram counts only the candidates above it
 
 
 SELECTS = ("split", "torch")

@@ -113,16 +113,19 @@ def compile_indexer_logits(arch, cfg, *, q_fp8: bool, k_fp8: bool):
 
 
 def compile_split_select(arch, cfg):
-    """Compile the two kernels of the split top-k select (histogram, then select) for ``arch``."""
+    """Compile the three kernels of the split top-k select (bound, histogram, then select) for ``arch``."""
     from . import indexer as I
 
-    hist_sig = {"x_ptr": "*fp32", "ws_ptr": "*i32"}
-    hist_sig.update({n: "i32" for n in ["stride_x_t", "stride_x_p", "stride_w_t", "L", "n_chunks"]})
+    bound_sig = {"x_ptr": "*fp32", "ws_ptr": "*i32"}
+    bound_sig.update({n: "i32" for n in ["stride_x_t", "stride_x_p", "stride_w_t", "L", "n_chunks"]})
+    hist_sig = dict(bound_sig, topk="i32")
     sel_sig = {"x_ptr": "*fp32", "out_ptr": "*i32", "ws_ptr": "*i32", "buf_ptr": "*i32"}
     sel_sig.update({n: "i32" for n in ["stride_x_t", "stride_x_p", "stride_o_t", "stride_o_k", "stride_w_t",
                                        "stride_b_t", "L", "topk", "n_chunks"]})
     const = dict(CHUNK=cfg.split_chunk, BLOCK=cfg.split_block)
     return [
+        _compile(I._topk_bound_kernel, bound_sig, dict(CHUNK=cfg.split_chunk, NB=I.NBINS, NREP=I.NREP),
+                 ["x_ptr", "ws_ptr", "stride_x_t"], arch, 8, 1, ("stride_x_p",)),
         _compile(I._topk_hist_kernel, hist_sig, dict(const, NB=I.NBINS, NREP=I.NREP), ["x_ptr", "ws_ptr", "stride_x_t"],
                  arch, 8, 1,
                  ("stride_x_p",)),
@@ -141,7 +144,7 @@ INDEXER_LOGITS_KERNELS = ("indexer_logits_decode", "indexer_logits_prefill")
 
 def indexer_matrix_entries():
     return [(hi, qf, kf, kernel) for hi, qf, kf in INDEXER_BUILDS for kernel in INDEXER_LOGITS_KERNELS] + \
-        [(0, "", "", "topk_split_hist"), (0, "", "", "topk_split_select")]
+        [(0, "", "", "topk_split_bound"), (0, "", "", "topk_split_hist"), (0, "", "", "topk_split_select")]
 
 
 def _cuobjdump() -> str:
@@ -215,7 +218,8 @@ def compile_matrix(arch_name: str) -> list[dict]:
         item = dict(arch=arch_name, hc=hi, cc=qf, fmt=kf, kernel=kernel, config=repr(icfg))
         try:
             if kernel.startswith("topk_split"):
-                built = compile_split_select(arch, icfg)[kernel == "topk_split_select"]
+                built = compile_split_select(arch, icfg)[
+                    ("topk_split_bound", "topk_split_hist", "topk_split_select").index(kernel)]
             else:
                 built = compile_indexer_logits(arch, icfg, q_fp8=qf == "fp8", k_fp8=kf == "fp8")
             item.update(vars(report(arch, built)))

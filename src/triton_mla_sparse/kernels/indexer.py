@@ -141,92 +141,162 @@ def _indexer_logits_kernel(
 
 
 @triton.jit
-def _sortable_key(x):
-    """float32 -> int64 in [0, 2^32) with the order of the floats (-inf lowest); every NaN (only from non-finite
+def _sortable_key32(x):
+    """float32 -> int32 with the order of the floats (signed compare; -inf lowest); every NaN (only from non-finite
     inputs) maps to the largest key, as torch.topk and the reference rank it."""
     bits = x.to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
-    return tl.where(x != x, 4294967295, key)
+    return tl.where(x != x, 2147483647, tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF))
+
+
+@triton.jit
+def _sortable_key(x):
+    """float32 -> int64 in [0, 2^32): :func:`_sortable_key32` shifted to unsigned (-inf is ``KEY_NINF``)."""
+    return _sortable_key32(x).to(tl.int64) + 2147483648
 
 
 NBINS = 2048  # histogram bins of the split select: the top 11 bits of the 32-bit sortable key
 NREP = 8  # copies of each row's histogram (program c adds into copy c % NREP): spreads same-bin atomics
+KEY_NINF = 8388607  # _sortable_key(-inf)
+_KEY_FIRST = tl.constexpr(KEY_NINF + 1)  # the lowest key counted: the one just above -inf
+# The split select's workspace per row: NREP * NBINS histogram counts, then these int32 slots (all zeroed first).
+WS_EXTRA = 24
+_CNT_GT = tl.constexpr(0)  # output slots claimed by positions above the threshold bin
+_CNT_EQ = tl.constexpr(1)  # boundary-buffer entries claimed
+_DONE = tl.constexpr(2)  # select programs finished (the last resolves the boundary bin)
+_HDONE = tl.constexpr(5)  # histogram programs finished (the last finds the threshold bin)
+_THR = tl.constexpr(6)  # the threshold bin
+_ABOVE = tl.constexpr(7)  # counted candidates in higher bins
+_NEED = tl.constexpr(8)  # positions to select: min(topk, counted candidates)
+_NBOUND = tl.constexpr(9)  # counted candidates in the threshold bin
+_BOUND = tl.constexpr(10)  # 4 pairs (u, n) of the bound pass: group size 16 · 2^j positions, j = 0..3
+BOUND_GROUP = 16  # positions per group at the bound pass's finest level
+BOUND_GROUP_C = tl.constexpr(BOUND_GROUP)
+
+
+@triton.jit
+def _count_from(p_s, topk, CHUNK: tl.constexpr):
+    """The smallest key the split select counts: past -inf, and from the bound pass's tightest valid bound on.
+
+    For groups of 16 · 2^j positions (j = 0..3), slot pair j holds n = the chunks all of whose groups hold a
+    candidate and u = the max over them of 2^32 - 1 - (their smallest group maximum): each such chunk has
+    CHUNK / (16 · 2^j) distinct candidates at or above 2^32 - 1 - u, so when n of them vouch for topk together,
+    every position the select can take lies at or above that key."""
+    lo = tl.zeros([], dtype=tl.int64) + _KEY_FIRST
+    for j in tl.static_range(4):
+        n = tl.load(p_s + _BOUND + 2 * j + 1)
+        u = tl.load(p_s + _BOUND + 2 * j).to(tl.int64) & 4294967295
+        valid = n.to(tl.int64) * (CHUNK // (BOUND_GROUP_C << j)) >= topk
+        lo = tl.where(valid, tl.maximum(lo, 4294967295 - u), lo)
+    return lo
 
 
 @triton.jit(do_not_specialize=["L", "n_chunks"])
-def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_chunks,
+def _topk_bound_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_chunks,
+                       CHUNK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr):
+    """Split select, step 0 (one program per row and chunk): a counting bound. The chunk's keys are split into
+    groups of 16 · 2^j consecutive positions (j = 0..3); when every group holds a candidate (a logit above -inf),
+    the chunk vouches for one distinct candidate per group at or above its smallest group maximum, and adds that
+    key (as a max of 2^32 - 1 - key) and itself to slot pair j. Read by :func:`_count_from`."""
+    pid = tl.program_id(0)
+    i_t = (pid // n_chunks).to(tl.int64)
+    p_start = (pid % n_chunks) * CHUNK
+    o_p = p_start + tl.arange(0, CHUNK)
+    x = tl.load(x_ptr + i_t * stride_x_t + o_p.to(tl.int64) * stride_x_p, mask=o_p < L, other=float("-inf"))
+    key = tl.where(x == float("-inf"), -2147483648, _sortable_key32(x))  # -inf: below every candidate
+    m = tl.max(tl.reshape(key, [CHUNK // BOUND_GROUP_C, BOUND_GROUP_C]), 1)
+    p_s = ws_ptr + i_t * stride_w_t + NREP * NB + _BOUND
+    for j in tl.static_range(4):
+        if j > 0:
+            m = tl.max(tl.reshape(m, [CHUNK // (BOUND_GROUP_C << j), 2]), 1)
+        tau = tl.min(m, 0)
+        if tau > -2147483648:
+            u = (4294967295 - (tau.to(tl.int64) + 2147483648)).to(tl.uint32)
+            tl.atomic_max((p_s + 2 * j).to(tl.pointer_type(tl.uint32)), u, sem="relaxed")
+            tl.atomic_add(p_s + 2 * j + 1, 1, sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["L", "n_chunks", "topk"])
+def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_chunks, topk,
                       CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr):
-    """Split select, step 1 (one program per row and chunk): count the row's candidates (logits other than -inf)
-    per bin of the top 11 key bits with global atomics, into copy ``chunk % NREP`` of the row's histogram
-    (``ws[row, copy · NBINS + bin]``: logits crowd into few bins, and one copy per row serialised their atomics)."""
+    """Split select, step 1 (one program per row and chunk): count the row's candidates from the counting bound on
+    (logits above -inf, and at or above step 0's bound when it holds) per bin of the top 11 key bits
+    with global atomics, into copy ``chunk % NREP`` of the row's histogram (``ws[row, copy · NBINS + bin]``: logits
+    crowd into few bins, and one copy per row serialised their atomics). The row's last program (an acq_rel
+    counter) sums the copies and stores the threshold bin b (holding the need-th largest counted key, need =
+    min(topk, counted)), the counts above and in it, and need, for step 2."""
     pid = tl.program_id(0)
     i_t = (pid // n_chunks).to(tl.int64)
     i_c = pid % n_chunks
     p_start = i_c * CHUNK
-    p_ws = ws_ptr + i_t * stride_w_t + (i_c % NREP) * NB
+    p_row = ws_ptr + i_t * stride_w_t
+    p_s = p_row + NREP * NB
+    p_ws = p_row + (i_c % NREP) * NB
+    lo = _count_from(p_s, topk, CHUNK)
     o_b = tl.arange(0, BLOCK)
-    key_ninf = _sortable_key(tl.full([BLOCK], float("-inf"), dtype=tl.float32))
     ones = tl.full([BLOCK], 1, dtype=tl.int32)
     p_end = tl.minimum(p_start + CHUNK, L)
-    for p0 in range(p_start, p_end, BLOCK):
-        o_p = p0 + o_b
+    for i_b in tl.static_range(CHUNK // BLOCK):  # unrolled: the chunk's loads are in flight together
+        o_p = p_start + i_b * BLOCK + o_b
         x = tl.load(x_ptr + i_t * stride_x_t + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf"))
         key = _sortable_key(x)
-        tl.atomic_add(p_ws + (key >> 21), ones, mask=key > key_ninf, sem="relaxed")
+        tl.atomic_add(p_ws + (key >> 21), ones, mask=key >= lo, sem="relaxed")
+    tl.debug_barrier()  # every thread's atomics precede the release below
+    done = tl.atomic_add(p_s + _HDONE, 1, sem="acq_rel")
+    if done == n_chunks - 1:
+        bins = tl.arange(0, NB)
+        hist = tl.load(p_row + bins)
+        for i_r in tl.static_range(1, NREP):
+            hist += tl.load(p_row + i_r * NB + bins)
+        total = tl.sum(hist, 0)
+        need = tl.minimum(total, topk)
+        above = total - tl.cumsum(hist, 0)  # counted candidates in higher bins
+        b_thr = tl.max(tl.where(above + hist >= need, bins, 0), 0)
+        tl.store(p_s + _THR, b_thr)
+        tl.store(p_s + _ABOVE, tl.sum(tl.where(bins == b_thr, above, 0), 0))
+        tl.store(p_s + _NEED, need)
+        tl.store(p_s + _NBOUND, tl.sum(tl.where(bins == b_thr, hist, 0), 0))
 
 
 @triton.jit(do_not_specialize=["L", "topk", "n_chunks"])
 def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, stride_x_p, stride_o_t, stride_o_k,
                               stride_w_t, stride_b_t, L, topk, n_chunks,
                               CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr):
-    """Split select, step 2 (one program per row and chunk). From the row's histogram every program finds the
-    threshold bin b (the bin holding the need-th largest candidate, need = min(topk, candidates)); it writes the
-    positions of its candidates above b straight into the output (slots claimed with an atomic counter) and those in
-    b into the row's boundary buffer. The row's last program to finish (an acq_rel counter) then takes the largest
-    ``need - above(b)`` boundary keys by a radix select on the low 21 bits (3 passes over the buffer, usually a small
-    fraction of the row), appends them, and pads the rest of the row with -1."""
+    """Split select, step 2 (one program per row and chunk), from step 1's threshold bin b: every program writes
+    the positions of its counted candidates above b straight into the output (slots claimed with an atomic
+    counter) and those in b into the row's boundary buffer. The row's last program to finish (an acq_rel counter)
+    then takes the largest ``need - above(b)`` boundary keys by a radix select on the low 21 bits (3 passes over the
+    buffer, usually a small fraction of the row), appends them, and pads the rest of the row with -1."""
     pid = tl.program_id(0)
     i_t = (pid // n_chunks).to(tl.int64)
     p_start = (pid % n_chunks) * CHUNK
     o_b = tl.arange(0, BLOCK)
-    bins = tl.arange(0, NB)
-    p_ws = ws_ptr + i_t * stride_w_t
+    p_s = ws_ptr + i_t * stride_w_t + NREP * NB
     p_x = x_ptr + i_t * stride_x_t
     p_o = out_ptr + i_t * stride_o_t
     p_buf = buf_ptr + i_t * stride_b_t
-    hist = tl.load(p_ws + bins)
-    for i_r in tl.static_range(1, NREP):
-        hist += tl.load(p_ws + i_r * NB + bins)
-    total = tl.sum(hist, 0)
-    need = tl.minimum(total, topk)
-    above = total - tl.cumsum(hist, 0)  # candidates in higher bins
-    b_thr = tl.max(tl.where(above + hist >= need, bins, 0), 0)
-    n_above = tl.sum(tl.where(bins == b_thr, above, 0), 0)
-    n_bound = tl.sum(tl.where(bins == b_thr, hist, 0), 0)
-    key_ninf = _sortable_key(tl.full([BLOCK], float("-inf"), dtype=tl.float32))
+    lo = _count_from(p_s, topk, CHUNK)
+    b_thr = tl.load(p_s + _THR)
+    n_above = tl.load(p_s + _ABOVE)
+    need = tl.load(p_s + _NEED)
+    n_bound = tl.load(p_s + _NBOUND)
 
     p_end = tl.minimum(p_start + CHUNK, L)
     for p0 in range(p_start, p_end, BLOCK):
         o_p = p0 + o_b
-        x = tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf"))
-        key = _sortable_key(x)
-        cand = key > key_ninf
+        key = _sortable_key(tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf")))
+        cand = key >= lo
         b = (key >> 21).to(tl.int32)
         gt = (cand & (b > b_thr)).to(tl.int32)
-        n_gt = tl.sum(gt, 0)
-        if n_gt > 0:
-            base = tl.atomic_add(p_ws + NREP * NB, n_gt, sem="relaxed")
-            dst = base + tl.cumsum(gt, 0) - 1
-            tl.store(p_o + dst.to(tl.int64) * stride_o_k, o_p, mask=gt != 0)
         eq = (cand & (b == b_thr)).to(tl.int32)
-        n_eq = tl.sum(eq, 0)
-        if n_eq > 0:
-            base = tl.atomic_add(p_ws + NREP * NB + 1, n_eq, sem="relaxed")
-            dst = base + tl.cumsum(eq, 0) - 1
-            tl.store(p_buf + dst.to(tl.int64), o_p, mask=eq != 0)
+        # both counters claimed at once (their round trips overlap); one scan ranks both (< 2^16 per block)
+        base_gt = tl.atomic_add(p_s + _CNT_GT, tl.sum(gt, 0), sem="relaxed")
+        base_eq = tl.atomic_add(p_s + _CNT_EQ, tl.sum(eq, 0), sem="relaxed")
+        both = tl.cumsum(gt + (eq << 16), 0)
+        tl.store(p_o + (base_gt + (both & 0xFFFF) - 1).to(tl.int64) * stride_o_k, o_p, mask=gt != 0)
+        tl.store(p_buf + (base_eq + (both >> 16) - 1).to(tl.int64), o_p, mask=eq != 0)
 
     tl.debug_barrier()  # every thread's buffer writes precede the release below (explicit on every Triton version)
-    done = tl.atomic_add(p_ws + NREP * NB + 2, 1, sem="acq_rel")
+    done = tl.atomic_add(p_s + _DONE, 1, sem="acq_rel")
     if done == n_chunks - 1:
         # The boundary bin: n_bound candidate positions in buf; take `take` of them with the largest keys.
         take = need - n_above
@@ -271,6 +341,7 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
 
 
 _launch_logits = CachedLauncher(_indexer_logits_kernel)
+_launch_bound = CachedLauncher(_topk_bound_kernel)
 _launch_hist = CachedLauncher(_topk_hist_kernel)
 _launch_split_select = CachedLauncher(_topk_split_select_kernel)
 
@@ -300,24 +371,40 @@ def launch_indexer_logits(p, out, cfg):
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}))
 
 
-def launch_split_select(logits, out, topk, cfg):
-    """Per-row top-k of ``logits`` float32 [T, L] into ``out`` int32 [T, topk] with many programs per row (the split
-    select): a histogram pass, then a pass that writes the rows' positions above the threshold bin and resolves the
-    boundary bin. Workspace: one zeroed int32 [T, NREP · NBINS + 4] (histograms and counters) and an int32 [T, L]
-    buffer."""
+def split_select_workspace(T, L, device):
+    """The split select's workspace for ``T`` rows of ``L`` logits: a zeroed int32 [T, NREP · NBINS + WS_EXTRA]
+    (histograms, counters, bounds, the threshold) and an int32 [T, max(L, 1)] boundary buffer."""
     import torch
 
+    ws = torch.zeros(T, NREP * NBINS + WS_EXTRA, dtype=torch.int32, device=device)
+    buf = torch.empty(T, max(L, 1), dtype=torch.int32, device=device)
+    return ws, buf
+
+
+def launch_split_select(logits, out, topk, cfg):
+    """Per-row top-k of ``logits`` float32 [T, L] into ``out`` int32 [T, topk] with many programs per row (the split
+    select): a bound pass (``cfg.bound``), a histogram pass counting the candidates at or above the bound, then a
+    pass that writes the rows' positions above the threshold bin and resolves the boundary bin. Returns the workspace
+    ``(ws, buf)`` (for inspection), or None for no rows."""
     T, L = logits.shape
     if T == 0:
-        return
-    ws = torch.zeros(T, NREP * NBINS + 4, dtype=torch.int32, device=logits.device)
-    buf = torch.empty(T, max(L, 1), dtype=torch.int32, device=logits.device)
+        return None
     chunk = cfg.split_chunk
     if chunk % cfg.split_block or cfg.split_block & (cfg.split_block - 1):
         raise ValueError(f"split_chunk ({chunk}) must be a multiple of split_block ({cfg.split_block}), a power of 2")
+    if chunk >= 1 << 16:
+        raise ValueError(f"split_chunk ({chunk}) must be below 65536 (the select ranks two counts in one int32)")
+    if cfg.bound and chunk < BOUND_GROUP * 8:
+        raise ValueError(f"split_chunk ({chunk}) must be at least {BOUND_GROUP * 8} with the bound pass")
     n_chunks = max(1, triton.cdiv(L, chunk))
-    _launch_hist((T * n_chunks,), (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks),
-                 dict(CHUNK=chunk, BLOCK=cfg.split_block, NB=NBINS, NREP=NREP), num_warps=8)
-    _launch_split_select((T * n_chunks,), (logits, out, ws, buf, logits.stride(0), logits.stride(1), out.stride(0),
-                                           out.stride(1), ws.stride(0), buf.stride(0), L, topk, n_chunks),
-                         dict(CHUNK=chunk, BLOCK=cfg.split_block, NB=NBINS, NREP=NREP), num_warps=8)
+    ws, buf = split_select_workspace(T, L, logits.device)
+    grid = (T * n_chunks,)
+    if cfg.bound:
+        _launch_bound(grid, (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks),
+                      dict(CHUNK=chunk, NB=NBINS, NREP=NREP), num_warps=8)
+    const = dict(CHUNK=chunk, BLOCK=cfg.split_block, NB=NBINS, NREP=NREP)
+    _launch_hist(grid, (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks, topk), const,
+                 num_warps=8)
+    _launch_split_select(grid, (logits, out, ws, buf, logits.stride(0), logits.stride(1), out.stride(0),
+                                out.stride(1), ws.stride(0), buf.stride(0), L, topk, n_chunks), const, num_warps=8)
+    return ws, buf
