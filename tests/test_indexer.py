@@ -228,13 +228,13 @@ def test_select_kernel_special_values():
     x = x[:, torch.randperm(200)].contiguous().to(DEVICE)
 
     class Four:
-        split_chunk, split_block, bound = 64, 32, False  # 200 columns: four chunks of two steps
+        split_chunk, split_block, bound, bound_min_chunks = 64, 32, False, 1  # 200 columns: four chunks of two steps
 
     class Thirteen:
-        split_chunk, split_block, bound = 16, 16, False  # more chunks than histogram copies (NREP = 8)
+        split_chunk, split_block, bound, bound_min_chunks = 16, 16, False, 1  # more chunks than histogram copies (NREP = 8)
 
     class Bounded:
-        split_chunk, split_block, bound = 128, 32, True  # with the bound pass: two chunks of four steps
+        split_chunk, split_block, bound, bound_min_chunks = 128, 32, True, 1  # with the bound pass: two chunks
 
     ties = torch.full((2, 200), 1.5)
     ties[1, ::3] = -math.inf
@@ -250,7 +250,7 @@ def test_split_select_rejects_overlapping_chunks():
     from triton_mla_sparse.kernels.indexer import launch_split_select
 
     class Bad:
-        split_chunk, split_block, bound = 48, 32, False
+        split_chunk, split_block, bound, bound_min_chunks = 48, 32, False, 1
 
     x = torch.arange(100, dtype=torch.float32, device=DEVICE)[None]
     with pytest.raises(ValueError, match="multiple of split_block"):
@@ -268,7 +268,7 @@ def test_select_nan_ranks_highest_like_the_reference():
     x = torch.tensor([[1.0, math.nan, 2.0, -math.inf, nan_neg, 0.5]], dtype=torch.float32, device=DEVICE)
 
     class Cfg:
-        split_chunk, split_block, bound = 128, 32, True
+        split_chunk, split_block, bound, bound_min_chunks = 128, 32, True, 1
 
     for topk in (2, 4, 6):
         want = [1, 4, 2, 0, 5][:topk]  # the candidates (all but the -inf at 3), largest first: NaNs, 2, 1, 0.5
@@ -321,7 +321,7 @@ def test_topk_bound_counts_enough(topk):
     from triton_mla_sparse.kernels import indexer as K
 
     class Cfg:
-        split_chunk, split_block, bound = 256, 64, True
+        split_chunk, split_block, bound, bound_min_chunks = 256, 64, True, 8
 
     g = torch.Generator().manual_seed(topk)
     L = 2048

@@ -172,6 +172,8 @@ class IndexerConfig:
     split_block: int = 2048  # positions per step of the split select (8 warps: no stack on sm86–sm100)
     maxnreg: int | None = None  # register cap per thread for the logits kernel (None: ptxas decides)
     bound: bool = True  # split select: a bound pass first, so that the histogram counts only the candidates above it
+    bound_min_chunks: int = 8  # ... on rows of at least this many split chunks (shorter: one launch fewer, measured
+    # neutral on the GPU at 32K, where eager calls are bound by the host's launches)
 
 
 SELECTS = ("split", "torch")
@@ -189,7 +191,7 @@ def indexer_config_for(arch, *, hi: int, q_fp8: bool, k_fp8: bool, dot_bf16: boo
     if arch is None:  # interpreter: small tiles and chunks so tests cover several of each
         return IndexerConfig(block_h=block_h, block_k=32, chunk_tiles=2, rows_per_program=rows, num_warps=4,
                              num_stages=1, use_fp8_dot=False, dot_bf16=dot_bf16, sw_fp8=False, select="split",
-                             split_chunk=256, split_block=64)
+                             split_chunk=256, split_block=64, bound_min_chunks=2)
     fp8_dot = q_fp8 and k_fp8 and arch.fp8_hw and (arch.backend != "cuda" or int(arch.target) >= 89)
     if arch.name == "sm90":
         # one warpgroup (wgmma), 128-position tiles, 2 stages, 16 tiles per program: the fastest of the sweep on

@@ -383,7 +383,7 @@ def split_select_workspace(T, L, device):
 
 def launch_split_select(logits, out, topk, cfg):
     """Per-row top-k of ``logits`` float32 [T, L] into ``out`` int32 [T, topk] with many programs per row (the split
-    select): a bound pass (``cfg.bound``), a histogram pass counting the candidates at or above the bound, then a
+    select): a bound pass (``cfg.bound``, rows of at least ``cfg.bound_min_chunks`` chunks), a histogram pass counting the candidates at or above the bound, then a
     pass that writes the rows' positions above the threshold bin and resolves the boundary bin. Returns the workspace
     ``(ws, buf)`` (for inspection), or None for no rows."""
     T, L = logits.shape
@@ -399,7 +399,7 @@ def launch_split_select(logits, out, topk, cfg):
     n_chunks = max(1, triton.cdiv(L, chunk))
     ws, buf = split_select_workspace(T, L, logits.device)
     grid = (T * n_chunks,)
-    if cfg.bound:
+    if cfg.bound and n_chunks >= cfg.bound_min_chunks:
         _launch_bound(grid, (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks),
                       dict(CHUNK=chunk, NB=NBINS, NREP=NREP), num_warps=8)
     const = dict(CHUNK=chunk, BLOCK=cfg.split_block, NB=NBINS, NREP=NREP)
