@@ -8,11 +8,13 @@
   fp16/bf16), scales each row by its K scale, applies relu and reduces over the heads with the weights inside each
   thread's rows. Rows of one request (prefill) share each K tile; decode rows (one per request) use ``ROWS = 1``.
   Positions past a row's own (or of a row with an invalid request id) get -inf and are never read.
-* :func:`_topk_hist_kernel` + :func:`_topk_split_select_kernel` (the split select, many programs per row): a
-  histogram of the top 11 bits of the rows' sortable keys (float32 bits with the sign handled; every NaN highest),
-  then the threshold bin holding each row's k-th largest candidate (-inf is not one); positions above it go straight
-  to the output, those in it to a boundary buffer from which the row's last program takes the rest by a radix
-  select on the low 21 bits (256-bin histogram passes); the rest of the row is -1. No sorting, no host
+* :func:`_topk_bound_kernel` + :func:`_topk_hist_kernel` + :func:`_topk_split_select_kernel` (the split select,
+  many programs per row): on long rows a counting bound first (a key with at least top-k candidates at or above it,
+  from the smallest group maximum of each chunk), then a histogram of the top 11 bits of the sortable keys (float32
+  bits with the sign handled; every NaN highest) of the candidates from the bound on, whose last program per row
+  finds the threshold bin holding the k-th largest (-inf is not a candidate); positions above it go straight to the
+  output, those in it to a boundary buffer from which the row's last program takes the rest by a radix select on
+  the low 21 bits (256-bin histogram passes); the rest of the row is -1. No sorting, no host
   synchronisation, no data-dependent allocation (CUDA-graph safe). ``indexer_topk`` uses it for decode rows on sm90
   (measured faster than ``torch.topk`` there) and ``torch.topk`` elsewhere (benchmarks/NOTES.md).
 """
