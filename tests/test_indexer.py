@@ -347,6 +347,8 @@ def test_topk_bound_counts_enough(topk):
             if full * (256 // size) >= topk:
                 lo = max(lo, 2**32 - 1 - (int(slots[t, 2 * j]) & 0xFFFFFFFF))
         assert int((cand[t] & (keys[t] >= lo)).sum()) >= min(topk, int(cand[t].sum())), t
+        kmax = int(ws[t, K.NREP * K.NBINS + 18]) & 0xFFFFFFFF  # the row maximum the bins span up to
+        assert kmax == (int(keys[t][cand[t]].max()) if cand[t].any() else 0), t
         if t == 0 and topk <= 40:
             assert int((keys[t] >= lo).sum()) < L // 4, "the bound excluded too little of an iid row"
 

@@ -10,11 +10,12 @@
   Positions past a row's own (or of a row with an invalid request id) get -inf and are never read.
 * :func:`_topk_bound_kernel` + :func:`_topk_hist_kernel` + :func:`_topk_split_select_kernel` (the split select,
   many programs per row): on long rows a counting bound first (a key with at least top-k candidates at or above it,
-  from the smallest group maximum of each chunk), then a histogram of the top 11 bits of the sortable keys (float32
-  bits with the sign handled; every NaN highest) of the candidates from the bound on, whose last program per row
-  finds the threshold bin holding the k-th largest (-inf is not a candidate); positions above it go straight to the
-  output, those in it to a boundary buffer from which the row's last program takes the rest by a radix select on
-  the low 21 bits (256-bin histogram passes); the rest of the row is -1. No sorting, no host
+  from the smallest group maximum of each chunk, and the row maximum), then a histogram of the sortable keys
+  (float32 bits with the sign handled; every NaN highest) of the candidates from the bound on — 2048 bins from the
+  bound to the row maximum, or the top 11 key bits on short rows —, whose last program per row finds the threshold
+  bin holding the k-th largest (-inf is not a candidate); positions above it go straight to the output, those in it
+  to a boundary buffer from which the row's last program takes the rest by a radix select on the bits below the
+  bin (256-bin histogram passes); the rest of the row is -1. No sorting, no host
   synchronisation, no data-dependent allocation (CUDA-graph safe). ``indexer_topk`` uses it for decode rows on sm90
   (measured faster than ``torch.topk`` there) and ``torch.topk`` elsewhere (benchmarks/NOTES.md).
 """
@@ -161,7 +162,7 @@ NREP = 8  # copies of each row's histogram (program c adds into copy c % NREP): 
 KEY_NINF = 8388607  # _sortable_key(-inf)
 _KEY_FIRST = tl.constexpr(KEY_NINF + 1)  # the lowest key counted: the one just above -inf
 # The split select's workspace per row: NREP * NBINS histogram counts, then these int32 slots (all zeroed first).
-WS_EXTRA = 24
+WS_EXTRA = 24  # slots 0..18 used
 _CNT_GT = tl.constexpr(0)  # output slots claimed by positions above the threshold bin
 _CNT_EQ = tl.constexpr(1)  # boundary-buffer entries claimed
 _DONE = tl.constexpr(2)  # select programs finished (the last resolves the boundary bin)
@@ -171,6 +172,7 @@ _ABOVE = tl.constexpr(7)  # counted candidates in higher bins
 _NEED = tl.constexpr(8)  # positions to select: min(topk, counted candidates)
 _NBOUND = tl.constexpr(9)  # counted candidates in the threshold bin
 _BOUND = tl.constexpr(10)  # 4 pairs (u, n) of the bound pass: group size 16 · 2^j positions, j = 0..3
+_KMAX = tl.constexpr(18)  # the bound pass's largest candidate key of the row (unsigned; 0: no bound pass/candidate)
 BOUND_GROUP = 16  # positions per group at the bound pass's finest level
 BOUND_GROUP_C = tl.constexpr(BOUND_GROUP)
 
@@ -192,13 +194,28 @@ def _count_from(p_s, topk, CHUNK: tl.constexpr):
     return lo
 
 
+@triton.jit
+def _bins(p_s, lo):
+    """(base, shift) of the histogram bins, bin = (key - base) >> shift: with the bound pass's row maximum, 2048
+    bins spanning [lo, max] (a power-of-two width: the narrowest whose bins cover it); without (no bound pass, or no
+    candidate), the top 11 bits of the key (base 0, shift 21)."""
+    hi = tl.load(p_s + _KMAX).to(tl.int64) & 4294967295
+    span = tl.maximum(hi - lo, 0)
+    shift = tl.zeros([], dtype=tl.int32)
+    for s in tl.static_range(21):
+        shift += ((span >> s) >= 2048).to(tl.int32)
+    ok = hi >= lo
+    return tl.where(ok, lo, 0), tl.where(ok, shift, 21)
+
+
 @triton.jit(do_not_specialize=["L", "n_chunks"])
 def _topk_bound_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_chunks,
                        CHUNK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr):
     """Split select, step 0 (one program per row and chunk): a counting bound. The chunk's keys are split into
     groups of 16 · 2^j consecutive positions (j = 0..3); when every group holds a candidate (a logit above -inf),
     the chunk vouches for one distinct candidate per group at or above its smallest group maximum, and adds that
-    key (as a max of 2^32 - 1 - key) and itself to slot pair j. Read by :func:`_count_from`."""
+    key (as a max of 2^32 - 1 - key) and itself to slot pair j; and the chunk's largest candidate key to the row's
+    maximum. Read by :func:`_count_from` and :func:`_bins`."""
     pid = tl.program_id(0)
     i_t = (pid // n_chunks).to(tl.int64)
     p_start = (pid % n_chunks) * CHUNK
@@ -207,6 +224,10 @@ def _topk_bound_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_c
     key = tl.where(x == float("-inf"), -2147483648, _sortable_key32(x))  # -inf: below every candidate
     m = tl.max(tl.reshape(key, [CHUNK // BOUND_GROUP_C, BOUND_GROUP_C]), 1)
     p_s = ws_ptr + i_t * stride_w_t + NREP * NB + _BOUND
+    top = tl.max(m, 0)
+    if top > -2147483648:
+        tl.atomic_max((p_s + (_KMAX - _BOUND)).to(tl.pointer_type(tl.uint32)),
+                      (top.to(tl.int64) + 2147483648).to(tl.uint32), sem="relaxed")
     for j in tl.static_range(4):
         if j > 0:
             m = tl.max(tl.reshape(m, [CHUNK // (BOUND_GROUP_C << j), 2]), 1)
@@ -221,8 +242,8 @@ def _topk_bound_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_c
 def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_chunks, topk,
                       CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr):
     """Split select, step 1 (one program per row and chunk): count the row's candidates from the counting bound on
-    (logits above -inf, and at or above step 0's bound when it holds) per bin of the top 11 key bits
-    with global atomics, into copy ``chunk % NREP`` of the row's histogram (``ws[row, copy · NBINS + bin]``: logits
+    (logits above -inf, and at or above step 0's bound when it holds) per bin (:func:`_bins`: 2048 bins from the
+    bound to step 0's row maximum, or the top 11 key bits without step 0) with global atomics, into copy ``chunk % NREP`` of the row's histogram (``ws[row, copy · NBINS + bin]``: logits
     crowd into few bins, and one copy per row serialised their atomics). The row's last program (an acq_rel
     counter) sums the copies and stores the threshold bin b (holding the need-th largest counted key, need =
     min(topk, counted)), the counts above and in it, and need, for step 2."""
@@ -234,6 +255,7 @@ def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_ch
     p_s = p_row + NREP * NB
     p_ws = p_row + (i_c % NREP) * NB
     lo = _count_from(p_s, topk, CHUNK)
+    kbase, shift = _bins(p_s, lo)
     o_b = tl.arange(0, BLOCK)
     ones = tl.full([BLOCK], 1, dtype=tl.int32)
     p_end = tl.minimum(p_start + CHUNK, L)
@@ -241,7 +263,7 @@ def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_ch
         o_p = p_start + i_b * BLOCK + o_b
         x = tl.load(x_ptr + i_t * stride_x_t + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf"))
         key = _sortable_key(x)
-        tl.atomic_add(p_ws + (key >> 21), ones, mask=key >= lo, sem="relaxed")
+        tl.atomic_add(p_ws + ((key - kbase) >> shift), ones, mask=key >= lo, sem="relaxed")
     tl.debug_barrier()  # every thread's atomics precede the release below
     done = tl.atomic_add(p_s + _HDONE, 1, sem="acq_rel")
     if done == n_chunks - 1:
@@ -266,8 +288,9 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
     """Split select, step 2 (one program per row and chunk), from step 1's threshold bin b: every program writes
     the positions of its counted candidates above b straight into the output (slots claimed with an atomic
     counter) and those in b into the row's boundary buffer. The row's last program to finish (an acq_rel counter)
-    then takes the largest ``need - above(b)`` boundary keys by a radix select on the low 21 bits (3 passes over the
-    buffer, usually a small fraction of the row), appends them, and pads the rest of the row with -1."""
+    then takes the largest ``need - above(b)`` boundary keys by a radix select on the bits below the bin (up to 3
+    passes over the buffer, usually a small fraction of the row), appends them, and pads the rest of the row with
+    -1."""
     pid = tl.program_id(0)
     i_t = (pid // n_chunks).to(tl.int64)
     p_start = (pid % n_chunks) * CHUNK
@@ -277,6 +300,7 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
     p_o = out_ptr + i_t * stride_o_t
     p_buf = buf_ptr + i_t * stride_b_t
     lo = _count_from(p_s, topk, CHUNK)
+    kbase, shift = _bins(p_s, lo)
     b_thr = tl.load(p_s + _THR)
     n_above = tl.load(p_s + _ABOVE)
     need = tl.load(p_s + _NEED)
@@ -287,7 +311,7 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
         o_p = p0 + o_b
         key = _sortable_key(tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf")))
         cand = key >= lo
-        b = (key >> 21).to(tl.int32)
+        b = ((key - kbase) >> shift).to(tl.int32)
         gt = (cand & (b > b_thr)).to(tl.int32)
         eq = (cand & (b == b_thr)).to(tl.int32)
         # both counters claimed at once (their round trips overlap); one scan ranks both (< 2^16 per block)
@@ -302,25 +326,26 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
     if done == n_chunks - 1:
         # The boundary bin: n_bound candidate positions in buf; take `take` of them with the largest keys.
         take = need - n_above
-        prefix = b_thr.to(tl.int64) << 21
+        prefix = b_thr.to(tl.int64) << shift  # offsets key - kbase; the bin fixes all but the low `shift` bits
         left = take
-        for d in tl.static_range(3):
-            shift = 13 - 8 * d if d < 2 else 0
-            width = 8 if d < 2 else 5
+        for d in range(0, (shift + 7) // 8):  # radix passes of up to 8 bits, from the top of the low bits
+            sh = tl.maximum(shift - 8 * (d + 1), 0)
+            width = shift - 8 * d - sh
             hist2 = tl.zeros([256], dtype=tl.int32)
             for j0 in range(0, n_bound, BLOCK):
                 o_j = j0 + o_b
                 m_j = o_j < n_bound
                 pos = tl.load(p_buf + o_j.to(tl.int64), mask=m_j, other=0)
-                key = _sortable_key(tl.load(p_x + pos.to(tl.int64) * stride_x_p, mask=m_j, other=float("-inf")))
-                match = m_j & ((key >> (shift + width)) == (prefix >> (shift + width)))
-                hist2 += tl.histogram(((key >> shift) & ((1 << width) - 1)).to(tl.int32), 256, mask=match)
+                off = _sortable_key(tl.load(p_x + pos.to(tl.int64) * stride_x_p, mask=m_j, other=float("-inf")))
+                off = off - kbase
+                match = m_j & ((off >> (sh + width)) == (prefix >> (sh + width)))
+                hist2 += tl.histogram(((off >> sh) & ((1 << width) - 1)).to(tl.int32), 256, mask=match)
             r_above = tl.sum(hist2, 0) - tl.cumsum(hist2, 0)
             o_256 = tl.arange(0, 256)
             bb = tl.max(tl.where(r_above + hist2 >= left, o_256, 0), 0)
             left = left - tl.sum(tl.where(o_256 == bb, r_above, 0), 0)
-            prefix = prefix | (bb.to(tl.int64) << shift)
-        tau = prefix  # the take-th largest boundary key; `left` keys equal to it are taken, in buffer order
+            prefix = prefix | (bb.to(tl.int64) << sh)
+        tau = kbase + prefix  # the take-th largest boundary key; `left` keys equal to it are taken, in buffer order
         base = n_above
         eq_seen = tl.zeros([], dtype=tl.int32)
         for j0 in range(0, n_bound, BLOCK):
