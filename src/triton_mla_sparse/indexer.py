@@ -169,7 +169,8 @@ class IndexerConfig:
     sw_fp8: bool  # integer e4m3 decode (no fp8 conversion instructions)
     select: str  # "split" (this package's multi-program select) or "torch" (torch.topk)
     split_chunk: int = 8192  # positions per program of the split select
-    split_block: int = 2048  # positions per step of the split select (8 warps: no stack on sm86–sm100)
+    split_block: int = 1024  # positions per step of the split select (8 warps; H200, 64 rows x 128K: select 0.091
+    # ms at 1024 vs 0.103 at 2048, benchmarks/select_profile.py)
     maxnreg: int | None = None  # register cap per thread for the logits kernel (None: ptxas decides)
     bound: bool = True  # split select: a bound pass first, so that the histogram counts only the candidates above it
     bound_min_chunks: int = 8  # ... on rows of at least this many split chunks (shorter: one launch fewer, measured
