@@ -283,8 +283,9 @@ def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, 
     Same contract as :func:`triton_mla_sparse.reference.indexer_topk`. ``max_len`` bounds the positions considered
     (default: the block table's capacity, max_blocks · block_size); the logits kernel writes a float32
     ``[T, max_len]`` workspace, then a selection picks the positions without sorting: ``select="split"`` (this
-    package's multi-program select: on long rows a counting bound, a histogram of the top 11 key bits of the
-    candidates above it, then every program writes its positions
+    package's multi-program select: on long rows a counting bound and the row maximum, a histogram of the
+    candidates at or above the bound (2048 bins up to the maximum; the top 11 key bits on short rows), then every
+    program writes its positions
     above the threshold bin and the row's last program resolves the boundary bin by radix select; the default for
     decode rows on sm90, where it measured fastest, and under the interpreter), ``"torch"`` (``torch.topk``, a
     radix select; the default for prefill rows and other GPUs), or ``None`` = the configuration's choice. Shapes

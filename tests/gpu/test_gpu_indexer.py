@@ -138,3 +138,56 @@ def test_indexer_cuda_graph(fmt, select):
         torch.cuda.synchronize()
         eager = tms.indexer_topk(*args(static), TOPK, select=select)
         assert torch.equal(torch.sort(out, 1).values, torch.sort(eager, 1).values)
+
+
+def _adversarial_rows(L: int, g: torch.Generator) -> torch.Tensor:
+    """Rows of L logits that stress the split select's counting bound and bins: iid, rising, falling, a spike per
+    128 positions, -inf gaps and a short row, all-equal, few distinct values, NaN/±inf, huge and tiny magnitudes."""
+    dev = "cuda"
+    rows = [torch.randn(L, generator=g, device=dev)]
+    rows.append(torch.linspace(-3, 3, L, device=dev))
+    rows.append(torch.linspace(3, -3, L, device=dev))
+    spiky = torch.randn(L, generator=g, device=dev) * 0.01 - 5
+    spiky[::128] = torch.randn(spiky[::128].shape, generator=g, device=dev) + 5
+    rows.append(spiky)
+    gaps = torch.randn(L, generator=g, device=dev)
+    gaps[::3] = float("-inf")
+    rows.append(gaps)
+    short = torch.randn(L, generator=g, device=dev)
+    short[L // 3:] = float("-inf")
+    rows.append(short)
+    rows.append(torch.full((L,), 1.5, device=dev))
+    rows.append(torch.randint(0, 4, (L,), generator=g, device=dev).float())
+    odd = torch.randn(L, generator=g, device=dev)
+    odd[::997] = float("nan")
+    odd[5::1009] = float("inf")
+    rows.append(odd)
+    rows.append(torch.randn(L, generator=g, device=dev) * torch.exp(torch.randn(L, generator=g, device=dev) * 20))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("topk", [1, 7, 2048, 5000])
+def test_split_select_long_adversarial_rows(topk):
+    """The split select at its sm90 configuration on rows long enough for the bound pass (> 8 chunks of 8192):
+    the selected logits equal torch.topk's as sorted value sets (NaN ranks highest), -1 only for missing ones."""
+    from triton_mla_sparse import indexer as I
+    from triton_mla_sparse.kernels.indexer import launch_split_select
+
+    g = torch.Generator(device="cuda").manual_seed(topk)
+    L = 131072 + 77  # a partial last chunk
+    x = _adversarial_rows(L, g)
+    cfg = I.IndexerConfig(block_h=64, block_k=128, chunk_tiles=16, rows_per_program=1, num_warps=4, num_stages=2,
+                          use_fp8_dot=True, dot_bf16=False, sw_fp8=False, select="split")
+    out = torch.full((x.shape[0], topk), 777, dtype=torch.int32, device="cuda")
+    launch_split_select(x, out, topk, cfg)
+    for t in range(x.shape[0]):
+        row = x[t]
+        n = int((row != float("-inf")).sum())
+        k = min(topk, n)
+        s = out[t]
+        assert int((s >= 0).sum()) == k and int((s == -1).sum()) == topk - k, t
+        pos = s[s >= 0].long()
+        assert pos.unique().numel() == k, t
+        got = row[pos].nan_to_num(nan=float("inf")).sort().values
+        want = torch.topk(row, k).values.nan_to_num(nan=float("inf")).sort().values
+        assert torch.equal(got, want), t

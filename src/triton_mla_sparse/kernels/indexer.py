@@ -157,12 +157,13 @@ def _sortable_key(x):
     return _sortable_key32(x).to(tl.int64) + 2147483648
 
 
-NBINS = 2048  # histogram bins of the split select: the top 11 bits of the 32-bit sortable key
+NBINS = 2048  # histogram bins of the split select (over [bound, row max], or the top 11 bits of the sortable key)
 NREP = 8  # copies of each row's histogram (program c adds into copy c % NREP): spreads same-bin atomics
 KEY_NINF = 8388607  # _sortable_key(-inf)
+MAX_SPLIT_BLOCK = 1 << 14  # positions per select step: two of its counts share one int32 in the select's scan
 _KEY_FIRST = tl.constexpr(KEY_NINF + 1)  # the lowest key counted: the one just above -inf
 # The split select's workspace per row: NREP * NBINS histogram counts, then these int32 slots (all zeroed first).
-WS_EXTRA = 24  # slots 0..18 used
+WS_EXTRA = 24  # room for the slots below (0-2, 5-18)
 _CNT_GT = tl.constexpr(0)  # output slots claimed by positions above the threshold bin
 _CNT_EQ = tl.constexpr(1)  # boundary-buffer entries claimed
 _DONE = tl.constexpr(2)  # select programs finished (the last resolves the boundary bin)
@@ -314,7 +315,8 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
         b = ((key - kbase) >> shift).to(tl.int32)
         gt = (cand & (b > b_thr)).to(tl.int32)
         eq = (cand & (b == b_thr)).to(tl.int32)
-        # both counters claimed at once (their round trips overlap); one scan ranks both (< 2^16 per block)
+        # both counters claimed at once (their round trips overlap); one scan ranks both: gt in the low 16 bits, eq
+        # above (a block holds at most 2^14 positions, so neither half overflows)
         base_gt = tl.atomic_add(p_s + _CNT_GT, tl.sum(gt, 0), sem="relaxed")
         base_eq = tl.atomic_add(p_s + _CNT_EQ, tl.sum(eq, 0), sem="relaxed")
         both = tl.cumsum(gt + (eq << 16), 0)
@@ -410,17 +412,20 @@ def split_select_workspace(T, L, device):
 
 def launch_split_select(logits, out, topk, cfg):
     """Per-row top-k of ``logits`` float32 [T, L] into ``out`` int32 [T, topk] with many programs per row (the split
-    select): a bound pass (``cfg.bound``, rows of at least ``cfg.bound_min_chunks`` chunks), a histogram pass counting the candidates at or above the bound, then a
-    pass that writes the rows' positions above the threshold bin and resolves the boundary bin. Returns the workspace
-    ``(ws, buf)`` (for inspection), or None for no rows."""
+    select): a bound pass (``cfg.bound``, on rows of at least ``cfg.bound_min_chunks`` chunks), a histogram pass
+    counting the candidates at or above the bound, then a pass that writes the rows' positions above the threshold
+    bin and resolves the boundary bin. ``cfg.split_chunk`` / ``cfg.split_block``: positions per program / per step,
+    powers of two (block at most ``MAX_SPLIT_BLOCK``). Returns the workspace ``(ws, buf)`` (for inspection), or None
+    for no rows."""
     T, L = logits.shape
     if T == 0:
         return None
-    chunk = cfg.split_chunk
-    if chunk % cfg.split_block or cfg.split_block & (cfg.split_block - 1):
-        raise ValueError(f"split_chunk ({chunk}) must be a multiple of split_block ({cfg.split_block}), a power of 2")
-    if chunk >= 1 << 16:
-        raise ValueError(f"split_chunk ({chunk}) must be below 65536 (the select ranks two counts in one int32)")
+    chunk, block = cfg.split_chunk, cfg.split_block
+    if not 1 <= block <= MAX_SPLIT_BLOCK or block & (block - 1):
+        raise ValueError(f"split_block ({block}) must be a power of 2 up to {MAX_SPLIT_BLOCK} (the select ranks two "
+                         f"counts of a block in one int32)")
+    if chunk < block or chunk & (chunk - 1):
+        raise ValueError(f"split_chunk ({chunk}) must be a power of 2 and a multiple of split_block ({block})")
     if cfg.bound and chunk < BOUND_GROUP * 8:
         raise ValueError(f"split_chunk ({chunk}) must be at least {BOUND_GROUP * 8} with the bound pass")
     n_chunks = max(1, triton.cdiv(L, chunk))
@@ -429,7 +434,7 @@ def launch_split_select(logits, out, topk, cfg):
     if cfg.bound and n_chunks >= cfg.bound_min_chunks:
         _launch_bound(grid, (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks),
                       dict(CHUNK=chunk, NB=NBINS, NREP=NREP), num_warps=8)
-    const = dict(CHUNK=chunk, BLOCK=cfg.split_block, NB=NBINS, NREP=NREP)
+    const = dict(CHUNK=chunk, BLOCK=block, NB=NBINS, NREP=NREP)
     _launch_hist(grid, (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks, topk), const,
                  num_warps=8)
     _launch_split_select(grid, (logits, out, ws, buf, logits.stride(0), logits.stride(1), out.stride(0),
