@@ -204,8 +204,9 @@ def indexer_config_for(arch, *, hi: int, q_fp8: bool, k_fp8: bool, dot_bf16: boo
         block_k, chunk_tiles, warps, stages = 64, 32, 8, 3
         rows = 1
     # Selection, measured on the H200 (benchmarks/NOTES.md): for decode rows (one per request) the split select beat
-    # torch.topk (64 rows x 32K: 0.059 vs 0.092-0.105 ms; x 128K: 0.16-0.17 vs 0.17-0.18); for prefill rows
-    # torch.topk won (4096 x 32K: 1.68 vs 1.80 ms). Unmeasured architectures keep torch.topk.
+    # torch.topk (64 rows x 32K: 0.059 vs 0.092-0.105 ms; x 128K with the bound pass and bins up to the row
+    # maximum: 0.091 vs 0.147, benchmarks/select_profile.py); for prefill rows torch.topk won (4096 x 32K: 1.68 vs
+    # 1.80 ms, before the bound pass). Unmeasured architectures keep torch.topk.
     select = "split" if arch.name == "sm90" and rows == 1 else "torch"
     return IndexerConfig(block_h=block_h, block_k=block_k, chunk_tiles=chunk_tiles, rows_per_program=rows,
                          num_warps=warps, num_stages=stages, use_fp8_dot=fp8_dot, dot_bf16=dot_bf16,
