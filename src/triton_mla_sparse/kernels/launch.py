@@ -27,21 +27,29 @@ _HIP = bool(getattr(torch.version, "hip", None))
 def _specialisation_key(args) -> tuple:
     """What Triton specialises on, per argument: a tensor's dtype, 16-byte alignment and (ROCm, where buffer
     operations use 32-bit offsets into storages under 2 GiB) its storage size class; an int's value class (1,
-    divisible by 16, otherwise) and width (i32, i64, u64); anything else (floats, None, bools) by type and value."""
+    divisible by 16, otherwise) and width (i32, i64, u64); anything else (floats, None, bools) by type and value.
+    (Dispatch on the exact type first: most arguments are ints, and this runs on every launch.)"""
     key = []
+    add = key.append
+    tensor = torch.Tensor
     for v in args:
-        if isinstance(v, torch.Tensor):
-            if _HIP:
-                key.append((v.dtype, not v.data_ptr() & 15, v.untyped_storage().nbytes() < 2**31))
+        t = type(v)
+        if t is int:
+            if v == 1:
+                add(-1)
+            elif -2147483648 <= v < 2147483648:
+                add(0 if v & 15 else 1)
             else:
-                key.append((v.dtype, not v.data_ptr() & 15))
-        elif type(v) is int:
-            width = 0 if -2147483648 <= v < 2147483648 else (2 if v < 2**63 else 4)
-            key.append(-1 if v == 1 else int(not v & 15) + width)
-        elif type(v) is float:
-            key.append(0.5)
+                add((0 if v & 15 else 1) + (2 if v < 9223372036854775808 else 4))
+        elif t is float:
+            add(0.5)
+        elif isinstance(v, tensor):
+            if _HIP:
+                add((v.dtype, not v.data_ptr() & 15, v.untyped_storage().nbytes() < 2**31))
+            else:
+                add((v.dtype, not v.data_ptr() & 15))
         else:
-            key.append((type(v), v))
+            add((t, v))
     return tuple(key)
 
 
