@@ -244,8 +244,9 @@ def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_ch
                       CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr):
     """Split select, step 1 (one program per row and chunk): count the row's candidates from the counting bound on
     (logits above -inf, and at or above step 0's bound when it holds) per bin (:func:`_bins`: 2048 bins from the
-    bound to step 0's row maximum, or the top 11 key bits without step 0) with global atomics, into copy ``chunk % NREP`` of the row's histogram (``ws[row, copy · NBINS + bin]``: logits
-    crowd into few bins, and one copy per row serialised their atomics). The row's last program (an acq_rel
+    bound to step 0's row maximum, or the top 11 key bits without step 0) with global atomics, into copy
+    ``chunk % NREP`` of the row's histogram (``ws[row, copy · NBINS + bin]``: logits crowd into few bins, and one
+    copy per row serialised their atomics). The row's last program (an acq_rel
     counter) sums the copies and stores the threshold bin b (holding the need-th largest counted key, need =
     min(topk, counted)), the counts above and in it, and need, for step 2."""
     pid = tl.program_id(0)
