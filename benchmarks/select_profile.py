@@ -76,7 +76,8 @@ def run_case(label, heads, ctx, nreps):
         torch.cuda.synchronize()
         sl = ws[:, nrep * K.NBINS:].long()
         counted = ws[:, :nrep * K.NBINS].sum(1).float()
-        print(f"  {tag}: counted per row mean {counted.mean():.0f} (of {L}); n_above mean {sl[:, 7].float().mean():.0f}; "
+        print(f"  {tag}: counted per row mean {counted.mean():.0f} (of {L}); "
+              f"n_above mean {sl[:, 7].float().mean():.0f}; "
               f"n_bound mean {sl[:, 9].float().mean():.0f} max {sl[:, 9].max()}")
     K.NREP = nreps[0]
     res["torch.topk"] = graph_ms(lambda: torch.topk(logits, TOPK, dim=1, sorted=False))

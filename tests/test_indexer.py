@@ -231,7 +231,8 @@ def test_select_kernel_special_values():
         split_chunk, split_block, bound, bound_min_chunks = 64, 32, False, 1  # 200 columns: four chunks of two steps
 
     class Thirteen:
-        split_chunk, split_block, bound, bound_min_chunks = 16, 16, False, 1  # more chunks than histogram copies (NREP = 8)
+        # more chunks than histogram copies (NREP = 8)
+        split_chunk, split_block, bound, bound_min_chunks = 16, 16, False, 1
 
     class Bounded:
         split_chunk, split_block, bound, bound_min_chunks = 128, 32, True, 1  # with the bound pass: two chunks

@@ -75,7 +75,8 @@ class CachedLauncher:
         grid = tuple(grid) + (1,) * (3 - len(grid))
         if not _ENABLED or args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cuda":
             return self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
-        key = (tuple((k, type(v), v) for k, v in constexprs.items()), num_warps, num_stages, tuple(options.items()), torch.cuda.current_device(),
+        key = (tuple((k, type(v), v) for k, v in constexprs.items()), num_warps, num_stages, tuple(options.items()),
+               torch.cuda.current_device(),
                _specialisation_key(args))
         compiled = self.cache.get(key)
         if compiled is None:
