@@ -285,19 +285,24 @@ def encode_cache(values: torch.Tensor, kv_format: str, *, scale_format: str = "p
     raise ValueError(f"kv_format: expected 'bf16', 'fp16' or 'fp8_ds_mla', got {kv_format!r}")
 
 
-def build_inputs(case: Case, device, seed: int = 0):
-    """Random inputs for ``case`` on ``device`` (seeded): paged cache, block table, slot lists, q (a
-    :class:`CaseInputs`); for an indexer case an :class:`IndexerInputs` (:func:`build_indexer_inputs`)."""
-    if case.kind == "indexer":
-        return build_indexer_inputs(case, device, seed)
+def _paged_layout(case: Case, device, seed: int):
+    """Seed torch's generator, then the case's paged layout: (device, block_size, blocks in the pool, a random block
+    table [requests, ctx / block_size] handing every request its own blocks)."""
     device = torch.device(device)
     torch.manual_seed(seed)
     bs = case.block_size
     if case.ctx % bs:
         raise ValueError(f"ctx {case.ctx} must be a multiple of block_size {bs}")
     bpr = case.ctx // bs
-    num_blocks = case.requests * bpr
-    block_table = random_block_table(case.requests, bpr, device)
+    return device, bs, case.requests * bpr, random_block_table(case.requests, bpr, device)
+
+
+def build_inputs(case: Case, device, seed: int = 0):
+    """Random inputs for ``case`` on ``device`` (seeded): paged cache, block table, slot lists, q (a
+    :class:`CaseInputs`); for an indexer case an :class:`IndexerInputs` (:func:`build_indexer_inputs`)."""
+    if case.kind == "indexer":
+        return build_indexer_inputs(case, device, seed)
+    device, bs, num_blocks, block_table = _paged_layout(case, device, seed)
     # Cache values: standard normal latents and rope, stored in the case's format.
     values = torch.randn(num_blocks, bs, D_QK, dtype=torch.bfloat16, device=device)
     kv_cache = encode_cache(values, case.kv_format, scale_format=case.scale_format)
@@ -373,14 +378,7 @@ def build_indexer_inputs(case: Case, device, seed: int = 0) -> IndexerInputs:
     requests from a random permutation of the pool; q quantised to e4m3 per (row, head) with the scale folded into
     the weights (vLLM's convention); weights ~ N(0, 1/Hi). Decode: request r's only row sits at position ctx - 1;
     prefill: rows at positions ctx - rows .. ctx - 1 of request 0."""
-    device = torch.device(device)
-    torch.manual_seed(seed)
-    bs = case.block_size
-    if case.ctx % bs:
-        raise ValueError(f"ctx {case.ctx} must be a multiple of block_size {bs}")
-    bpr = case.ctx // bs
-    nb = case.requests * bpr
-    block_table = random_block_table(case.requests, bpr, device)
+    device, bs, nb, block_table = _paged_layout(case, device, seed)
     k_cache = torch.empty(nb, bs * INDEX_ROW_BYTES, dtype=torch.uint8, device=device)
     step = max(1, (1 << 25) // (bs * D_INDEX))  # encode in pieces: a float32 copy of a 1 GB cache is 4 GB
     for b0 in range(0, nb, step):
