@@ -151,6 +151,19 @@ def unsupported_reasons(*, k_cache, head_dim: int, use_fp4_cache: bool, compress
     return reasons
 
 
+def _platform_forward(name: str):
+    """vLLM's ``name`` (forward_native, forward_hip, ...) when the Triton indexer is off, else forward_cuda's path
+    (the op is Triton's on every platform)."""
+
+    def forward(self, hidden_states, q_quant, k, weights):
+        if not self.triton:
+            return getattr(super(TritonSparseAttnIndexer, self), name)(hidden_states, q_quant, k, weights)
+        return self.forward_cuda(hidden_states, q_quant, k, weights)
+
+    forward.__name__, forward.__qualname__ = name, f"TritonSparseAttnIndexer.{name}"
+    return forward
+
+
 class TritonSparseAttnIndexer(SparseAttnIndexer):
     """vLLM's ``SparseAttnIndexer`` whose forward runs :func:`sparse_attn_indexer` when :func:`use_triton_indexer`
     says so at construction (``self.triton``); otherwise exactly vLLM's class."""
@@ -189,11 +202,6 @@ class TritonSparseAttnIndexer(SparseAttnIndexer):
         _log_once(logging.INFO, "using", "triton-mla-sparse: the DSA indexer runs on Triton (%s).", why)
         route_vllm_call_sites()
 
-    def forward_native(self, hidden_states, q_quant, k, weights):
-        if not self.triton:
-            return super().forward_native(hidden_states, q_quant, k, weights)
-        return self.forward_cuda(hidden_states, q_quant, k, weights)
-
     def forward_cuda(self, hidden_states, q_quant, k, weights):
         if not self.triton:
             return super().forward_cuda(hidden_states, q_quant, k, weights)
@@ -207,20 +215,10 @@ class TritonSparseAttnIndexer(SparseAttnIndexer):
             candidate_block_size=self.candidate_block_size, candidate_write=self.candidate_write,
             topk_backend=self.topk_backend)
 
-    def forward_hip(self, hidden_states, q_quant, k, weights):
-        if not self.triton:
-            return super().forward_hip(hidden_states, q_quant, k, weights)
-        return self.forward_cuda(hidden_states, q_quant, k, weights)
-
-    def forward_xpu(self, hidden_states, q_quant, k, weights):
-        if not self.triton:
-            return super().forward_xpu(hidden_states, q_quant, k, weights)
-        return self.forward_cuda(hidden_states, q_quant, k, weights)
-
-    def forward_cpu(self, hidden_states, q_quant, k, weights):
-        if not self.triton:
-            return super().forward_cpu(hidden_states, q_quant, k, weights)
-        return self.forward_cuda(hidden_states, q_quant, k, weights)
+    forward_native = _platform_forward("forward_native")
+    forward_hip = _platform_forward("forward_hip")
+    forward_xpu = _platform_forward("forward_xpu")
+    forward_cpu = _platform_forward("forward_cpu")
 
 
 def _capturing(device: torch.device) -> bool:
