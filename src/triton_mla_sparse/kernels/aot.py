@@ -142,9 +142,12 @@ INDEXER_BUILDS = ((64, "fp8", "fp8"), (32, "fp8", "fp8"), (64, "bf16", "bf16"))
 INDEXER_LOGITS_KERNELS = ("indexer_logits_decode", "indexer_logits_prefill")
 
 
+SPLIT_SELECT_KERNELS = ("topk_split_bound", "topk_split_hist", "topk_split_select")  # compile_split_select's order
+
+
 def indexer_matrix_entries():
     return [(hi, qf, kf, kernel) for hi, qf, kf in INDEXER_BUILDS for kernel in INDEXER_LOGITS_KERNELS] + \
-        [(0, "", "", "topk_split_bound"), (0, "", "", "topk_split_hist"), (0, "", "", "topk_split_select")]
+        [(0, "", "", kernel) for kernel in SPLIT_SELECT_KERNELS]
 
 
 def _cuobjdump() -> str:
@@ -212,14 +215,15 @@ def compile_matrix(arch_name: str) -> list[dict]:
     out.append(item)
     from ..indexer import indexer_config_for
 
+    split_builds = None  # the split select's kernels, compiled once for their three entries
     for hi, qf, kf, kernel in indexer_matrix_entries():
         icfg = indexer_config_for(arch, hi=hi or 64, q_fp8=qf == "fp8", k_fp8=kf == "fp8", dot_bf16=qf == "bf16",
                                   shared_rows=kernel.endswith("prefill"))
         item = dict(arch=arch_name, hc=hi, cc=qf, fmt=kf, kernel=kernel, config=repr(icfg))
         try:
-            if kernel.startswith("topk_split"):
-                built = compile_split_select(arch, icfg)[
-                    ("topk_split_bound", "topk_split_hist", "topk_split_select").index(kernel)]
+            if kernel in SPLIT_SELECT_KERNELS:
+                split_builds = split_builds or compile_split_select(arch, icfg)
+                built = split_builds[SPLIT_SELECT_KERNELS.index(kernel)]
             else:
                 built = compile_indexer_logits(arch, icfg, q_fp8=qf == "fp8", k_fp8=kf == "fp8")
             item.update(vars(report(arch, built)))
