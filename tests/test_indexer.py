@@ -324,6 +324,28 @@ def test_one_row_per_request():
         assert_topk_matches(tms.indexer_topk(*args(sub), 20, select=select), ref, 20, what=select)
 
 
+@pytest.mark.parametrize("rows", ("decode", "prefill"))
+def test_logits_launch_zeroes_the_select_workspace(rows):
+    """``indexer_topk`` leaves zeroing the split select's workspace to its logits launch (no memset): every row's
+    ws must come back zero (prefill: groups of rows per program, the last group partial), the logits unchanged."""
+    from triton_mla_sparse.indexer import check_indexer_inputs, choose_indexer_config
+    from triton_mla_sparse.kernels.indexer import WS_WIDTH, launch_indexer_logits
+
+    case = make_case(k_fmt="fp8", q_dtype=torch.float8_e4m3fn, Hi=4, lengths=(37, 16, 64))
+    if rows == "decode":
+        case = _decode_rows(case)
+    p = check_indexer_inputs(*args(case))
+    cfg = choose_indexer_config(p)
+    assert (cfg.rows_per_program > 1) == (rows == "prefill") and (p.T % cfg.rows_per_program or rows == "decode")
+    max_len = case["block_table"].shape[1] * 16
+    out = torch.full((p.T, max_len), float("nan"), device=DEVICE)
+    ws = torch.full((p.T + 1, WS_WIDTH), -7, dtype=torch.int32, device=DEVICE)  # one row past T: not touched
+    launch_indexer_logits(p, out, cfg, ws[:p.T])
+    assert bool((ws[:p.T] == 0).all()) and bool((ws[p.T] == -7).all())
+    ref = reference.indexer_logits(*args(case), max_len, compute_dtype=torch.float64)
+    assert_logits_match(out, ref, what=f"logits with the workspace zeroing ({rows})")
+
+
 def _sortable_keys(x: torch.Tensor) -> torch.Tensor:
     """The split select's unsigned 32-bit order keys (int64) of float32 logits: -inf lowest, NaN highest."""
     bits = x.contiguous().view(torch.int32).long()

@@ -213,21 +213,19 @@ def indexer_config_for(arch, *, hi: int, q_fp8: bool, k_fp8: bool, dot_bf16: boo
                          sw_fp8=(q_fp8 or k_fp8) and not arch.fp8_hw, select=select)
 
 
+_CONFIGS: dict = {}  # choose_indexer_config's memo (a few entries: device x heads x formats x row kind)
+
+
 def choose_indexer_config(p: IndexerProblem, **overrides) -> IndexerConfig:
-    """Launch parameters for the indexer kernels (a pure function of the device and the problem's shape)."""
+    """Launch parameters for the indexer kernels (a pure function of the device and the problem's shape; memoised:
+    it runs on every eager call)."""
     from .kernels.configs import interpreting
 
-    dev = p.device
-    dot_bf16 = p.q.dtype == torch.bfloat16 or (p.q_fp8 and not p.k_fp8 and p.k.dtype == torch.bfloat16)
-    arch = None
-    if dev.type == "cuda" and not interpreting():
-        from .capabilities import arch_for_device, describe_device
-
-        arch = arch_for_device(dev)
-        if arch is None:
-            raise ValueError(f"q: {describe_device(dev)} is not a declared architecture of triton_mla_sparse")
-    cfg = indexer_config_for(arch, hi=p.Hi, q_fp8=p.q_fp8, k_fp8=p.k_fp8, dot_bf16=dot_bf16,
-                             shared_rows=p.T > p.block_table.shape[0])
+    shared_rows = p.T > p.block_table.shape[0]
+    key = (p.device, p.Hi, p.q.dtype, p.k.dtype, p.k_fp8, shared_rows, interpreting())
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        cfg = _CONFIGS[key] = _indexer_config(p, shared_rows, interpreting())
     if overrides:
         from dataclasses import replace
 
@@ -235,14 +233,28 @@ def choose_indexer_config(p: IndexerProblem, **overrides) -> IndexerConfig:
     return cfg
 
 
-def _launch_logits(p: IndexerProblem, out: torch.Tensor, cfg: IndexerConfig) -> None:
+def _indexer_config(p: IndexerProblem, shared_rows: bool, interpreter: bool) -> IndexerConfig:
+    dev = p.device
+    dot_bf16 = p.q.dtype == torch.bfloat16 or (p.q_fp8 and not p.k_fp8 and p.k.dtype == torch.bfloat16)
+    arch = None
+    if dev.type == "cuda" and not interpreter:
+        from .capabilities import arch_for_device, describe_device
+
+        arch = arch_for_device(dev)
+        if arch is None:
+            raise ValueError(f"q: {describe_device(dev)} is not a declared architecture of triton_mla_sparse")
+    return indexer_config_for(arch, hi=p.Hi, q_fp8=p.q_fp8, k_fp8=p.k_fp8, dot_bf16=dot_bf16,
+                              shared_rows=shared_rows)
+
+
+def _launch_logits(p: IndexerProblem, out: torch.Tensor, cfg: IndexerConfig, ws=None) -> None:
     from .kernels.indexer import launch_indexer_logits
 
     chunk = cfg.block_k * cfg.chunk_tiles
     if p.T * -(-out.shape[1] // chunk) > MAX_GRID:
         _fail("max_len", f"rows · ceil(max_len / {chunk}) <= {MAX_GRID} programs (split the rows)",
               f"{p.T} rows and max_len {out.shape[1]}")
-    launch_indexer_logits(p, out, cfg)
+    launch_indexer_logits(p, out, cfg, ws)
 
 
 def indexer_logits(q, weights, k_cache, block_table, req_id_per_token, positions, max_len, *, out=None):
@@ -302,13 +314,16 @@ def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, 
     if p.T:
         cfg = choose_indexer_config(p, **({"select": select} if select else {}))
         logits = torch.empty(p.T, max_len, dtype=torch.float32, device=p.device)
-        from .kernels.indexer import launch_split_select
+        from .kernels.indexer import WS_WIDTH, launch_split_select
 
+        # the split select's workspace is zeroed by the logits launch (one launch fewer than a memset)
+        ws = torch.empty(p.T, WS_WIDTH, dtype=torch.int32, device=p.device) if cfg.select == "split" and max_len \
+            else None
         with device_guard(p.device):
             if max_len:
-                _launch_logits(p, logits, cfg)
+                _launch_logits(p, logits, cfg, ws)
             if cfg.select == "split":
-                launch_split_select(logits, result, topk, cfg)
+                launch_split_select(logits, result, topk, cfg, ws)
             else:
                 _torch_select(logits, result, topk)
     return result

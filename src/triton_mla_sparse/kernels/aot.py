@@ -97,17 +97,18 @@ def compile_indexer_logits(arch, cfg, *, q_fp8: bool, k_fp8: bool):
     q_t = "*u8" if q_fp8 else ("*bf16" if cfg.dot_bf16 else "*fp16")
     k_t = "*u8" if k_fp8 else ("*bf16" if cfg.dot_bf16 else "*fp16")
     sig = {"q_ptr": q_t, "w_ptr": "*fp32", "k_ptr": k_t, "bt_ptr": "*i32", "req_ptr": "*i32", "pos_ptr": "*i32",
-           "out_ptr": "*fp32"}
+           "out_ptr": "*fp32", "ws_ptr": "*i32"}
     ints = ["stride_q_t", "stride_q_h", "stride_w_t", "stride_w_h", "stride_k_blk", "stride_k_row", "stride_bt_r",
-            "stride_bt_c", "stride_req", "stride_pos", "stride_o_t", "stride_o_p", "T", "Hi", "max_len",
-            "block_size", "num_blocks", "R", "max_blocks", "n_chunks", "chunk"]
+            "stride_bt_c", "stride_req", "stride_pos", "stride_o_t", "stride_o_p", "stride_ws_t", "T", "Hi",
+            "max_len", "block_size", "num_blocks", "R", "max_blocks", "n_chunks", "chunk", "ws_width"]
     sig.update({n: "i32" for n in ints})
+    # worst case: the variant that also zeroes the split select's workspace (indexer_topk's)
     const = dict(Q_FP8=q_fp8, K_FP8=k_fp8, USE_FP8_DOT=cfg.use_fp8_dot, DOT_BF16=cfg.dot_bf16, SW_FP8=cfg.sw_fp8,
-                 BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, ROWS=cfg.rows_per_program)
+                 BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, ROWS=cfg.rows_per_program, ZERO_WS=True)
     # as launched on contiguous tensors with 32 or 64 heads: unit strides of weights' heads, the block table's
     # columns, the row vectors and the logits' columns; the rest of the strides, Hi and block_size divisible by 16
-    div = list(sig)[:7] + ["stride_q_t", "stride_q_h", "stride_w_t", "stride_k_blk", "stride_k_row", "stride_bt_r",
-                           "stride_o_t", "Hi", "block_size"]
+    div = list(sig)[:8] + ["stride_q_t", "stride_q_h", "stride_w_t", "stride_k_blk", "stride_k_row", "stride_bt_r",
+                           "stride_o_t", "stride_ws_t", "Hi", "block_size"]
     ones = ("stride_w_h", "stride_bt_c", "stride_req", "stride_pos", "stride_o_p")
     return _compile(I._indexer_logits_kernel, sig, const, div, arch, cfg.num_warps, cfg.num_stages, ones)
 

@@ -51,15 +51,16 @@ def _row_scalar(v, o_r, r):
     return tl.sum(tl.where(o_r == r, v, 0), 0)
 
 
-@triton.jit(do_not_specialize=["T", "max_len", "num_blocks", "R", "max_blocks", "n_chunks", "chunk"])
+@triton.jit(do_not_specialize=["T", "max_len", "num_blocks", "R", "max_blocks", "n_chunks", "chunk", "ws_width"])
 def _indexer_logits_kernel(
-    q_ptr, w_ptr, k_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr,
+    q_ptr, w_ptr, k_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr, ws_ptr,
     stride_q_t, stride_q_h, stride_w_t, stride_w_h,
     stride_k_blk, stride_k_row,
-    stride_bt_r, stride_bt_c, stride_req, stride_pos, stride_o_t, stride_o_p,
-    T, Hi, max_len, block_size, num_blocks, R, max_blocks, n_chunks, chunk,
+    stride_bt_r, stride_bt_c, stride_req, stride_pos, stride_o_t, stride_o_p, stride_ws_t,
+    T, Hi, max_len, block_size, num_blocks, R, max_blocks, n_chunks, chunk, ws_width,
     Q_FP8: tl.constexpr, K_FP8: tl.constexpr, USE_FP8_DOT: tl.constexpr, DOT_BF16: tl.constexpr,
     SW_FP8: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
+    ZERO_WS: tl.constexpr,
 ):
     """One program per (group of ROWS consecutive rows, chunk of ``chunk`` positions, a multiple of BLOCK_K).
 
@@ -67,7 +68,9 @@ def _indexer_logits_kernel(
     positions the scores come from one dot ``k [BLOCK_K, 128] · qᵀ`` (heads along N, so the weighted ReLU sum
     over heads stays inside each thread's row), and each row of the group stores its logits. Rows of one
     request share every K tile (prefill); a group whose rows belong to different requests is done one row per
-    pass. Columns past a row's position (or of a row with an invalid request id) are -inf and never read."""
+    pass. Columns past a row's position (or of a row with an invalid request id) are -inf and never read.
+    ``ZERO_WS``: the program of chunk 0 also zeroes its rows' ``ws_width`` int32 of ``ws`` (the split select's
+    workspace, used by the kernels launched after this one: one launch fewer than a separate memset)."""
     RH: tl.constexpr = ROWS * BLOCK_H
     pid = tl.program_id(0)
     g = pid // n_chunks
@@ -141,6 +144,14 @@ def _indexer_logits_kernel(
                 act = (o_k * 0 + _row_scalar(act_r.to(tl.int32), o_r, r)) != 0
                 tl.store(out_ptr + (g.to(tl.int64) * ROWS + r) * stride_o_t + o_k.to(tl.int64) * stride_o_p,
                          tl.full([BLOCK_K], float("-inf"), dtype=tl.float32), mask=(o_k < k1) & act)
+    if ZERO_WS:
+        if pid % n_chunks == 0:
+            o_z = tl.arange(0, 1024)
+            for r in tl.static_range(ROWS):
+                t_z = g.to(tl.int64) * ROWS + r
+                for z in range(0, ws_width, 1024):
+                    tl.store(ws_ptr + t_z * stride_ws_t + z + o_z, tl.zeros([1024], dtype=tl.int32),
+                             mask=(z + o_z < ws_width) & (o_z + t_z < T + o_z))  # (vector: interpreter)
 
 
 @triton.jit
@@ -376,8 +387,9 @@ _launch_hist = CachedLauncher(_topk_hist_kernel)
 _launch_split_select = CachedLauncher(_topk_split_select_kernel)
 
 
-def launch_indexer_logits(p, out, cfg):
-    """Logits of the validated problem ``p`` (an ``IndexerProblem``) into ``out`` float32 [T, max_len]."""
+def launch_indexer_logits(p, out, cfg, ws=None):
+    """Logits of the validated problem ``p`` (an ``IndexerProblem``) into ``out`` float32 [T, max_len]; with ``ws``
+    (an int32 [T, W] workspace, unit last stride) the kernel also zeroes ``ws`` (see :func:`launch_split_select`)."""
     import torch
 
     T, max_len = p.T, out.shape[1]
@@ -385,39 +397,49 @@ def launch_indexer_logits(p, out, cfg):
     n_chunks = triton.cdiv(max_len, chunk)
     if T == 0 or n_chunks == 0:
         return
+    if ws is not None and (ws.dtype != torch.int32 or ws.dim() != 2 or ws.shape[0] != T or ws.stride(1) != 1):
+        raise ValueError(f"ws: expected an int32 tensor [{T}, W] with a unit last stride, got {ws.dtype} "
+                         f"{tuple(ws.shape)} strides {ws.stride()}")
     rows = cfg.rows_per_program
     q = p.q.view(torch.uint8) if p.q_fp8 else p.q
-    k = p.k
     _launch_logits((triton.cdiv(T, rows) * n_chunks,), (
-        q, p.weights, k, p.block_table, p.req_id_per_token, p.positions, out,
+        q, p.weights, p.k, p.block_table, p.req_id_per_token, p.positions, out, out if ws is None else ws,
         q.stride(0), q.stride(1), p.weights.stride(0), p.weights.stride(1),
         p.k_block_stride, p.k_row_stride,
         p.block_table.stride(0), p.block_table.stride(1), p.req_id_per_token.stride(0), p.positions.stride(0),
-        out.stride(0), out.stride(1),
+        out.stride(0), out.stride(1), 0 if ws is None else ws.stride(0),
         T, p.Hi, max_len, p.block_size, p.num_blocks, p.block_table.shape[0], p.block_table.shape[1], n_chunks,
-        chunk), dict(Q_FP8=p.q_fp8, K_FP8=p.k_fp8, USE_FP8_DOT=cfg.use_fp8_dot, DOT_BF16=cfg.dot_bf16,
-                     SW_FP8=cfg.sw_fp8, BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, ROWS=rows),
+        chunk, 0 if ws is None else ws.shape[1]),
+        dict(Q_FP8=p.q_fp8, K_FP8=p.k_fp8, USE_FP8_DOT=cfg.use_fp8_dot, DOT_BF16=cfg.dot_bf16, SW_FP8=cfg.sw_fp8,
+             BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, ROWS=rows, ZERO_WS=ws is not None),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}))
 
 
-def split_select_workspace(T, L, device):
-    """The split select's workspace for ``T`` rows of ``L`` logits: a zeroed int32 [T, NREP · NBINS + WS_EXTRA]
-    (histograms, counters, bounds, the threshold) and an int32 [T, max(L, 1)] boundary buffer."""
+WS_WIDTH = NREP * NBINS + WS_EXTRA  # int32 per row of the split select's workspace
+
+
+def split_select_workspace(T, L, device, zeroed=True):
+    """The split select's workspace for ``T`` rows of ``L`` logits: an int32 [T, WS_WIDTH] (histograms, counters,
+    bounds, the threshold; zeroed unless ``zeroed=False``, for a caller whose logits launch zeroes it) and an
+    int32 [T, max(L, 1)] boundary buffer."""
     import torch
 
-    ws = torch.zeros(T, NREP * NBINS + WS_EXTRA, dtype=torch.int32, device=device)
+    ws = (torch.zeros if zeroed else torch.empty)(T, WS_WIDTH, dtype=torch.int32, device=device)
     buf = torch.empty(T, max(L, 1), dtype=torch.int32, device=device)
     return ws, buf
 
 
-def launch_split_select(logits, out, topk, cfg):
+def launch_split_select(logits, out, topk, cfg, ws=None):
     """Per-row top-k of ``logits`` float32 [T, L] into ``out`` int32 [T, topk] with many programs per row (the split
     select): a bound pass (``cfg.bound``, on rows of at least ``cfg.bound_min_chunks`` chunks), a histogram pass
     counting the candidates at or above the bound, then a pass that writes the rows' positions above the threshold
     bin and resolves the boundary bin. ``cfg.split_chunk`` / ``cfg.split_block``: positions per program / per step,
     powers of two (block at most ``MAX_SPLIT_BLOCK``). Returns the workspace ``(ws, buf)`` (for inspection), or None
-    for no rows."""
+    for no rows. ``ws``: a zeroed int32 [T, WS_WIDTH] workspace (e.g. zeroed by the logits launch); None: a new one.
+    """
+    import torch
+
     T, L = logits.shape
     if T == 0:
         return None
@@ -430,7 +452,13 @@ def launch_split_select(logits, out, topk, cfg):
     if cfg.bound and chunk < BOUND_GROUP * 8:
         raise ValueError(f"split_chunk ({chunk}) must be at least {BOUND_GROUP * 8} with the bound pass")
     n_chunks = max(1, triton.cdiv(L, chunk))
-    ws, buf = split_select_workspace(T, L, logits.device)
+    if ws is None:
+        ws, buf = split_select_workspace(T, L, logits.device)
+    else:
+        if ws.dtype != torch.int32 or tuple(ws.shape) != (T, WS_WIDTH) or ws.stride(1) != 1:
+            raise ValueError(f"ws: expected a zeroed int32 tensor [{T}, {WS_WIDTH}] with a unit last stride, got "
+                             f"{ws.dtype} {tuple(ws.shape)} strides {ws.stride()}")
+        buf = torch.empty(T, max(L, 1), dtype=torch.int32, device=logits.device)
     grid = (T * n_chunks,)
     if cfg.bound and n_chunks >= cfg.bound_min_chunks:
         _launch_bound(grid, (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks),
