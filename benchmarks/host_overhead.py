@@ -1,7 +1,7 @@
 """Where the host time of one eager call goes (GPU machine): per-call wall time of the public call and of its
 parts on a tiny decode problem, whose GPU work is shorter than its launch, so the loop runs at host speed.
 
-    python benchmarks/host_overhead.py
+    python benchmarks/host_overhead.py [--indexer]   (--indexer: only the indexer rows)
 """
 
 from __future__ import annotations
@@ -27,7 +27,74 @@ def per_call_us(fn, n=400):
     return (time.perf_counter() - t) / n * 1e6
 
 
+def indexer_rows():
+    """The indexer's eager path on 4 decode rows x 512 positions (fp8 q and cache, 64 heads): the public
+    ``indexer_topk`` and each of its parts, plus the pieces of one Triton launch through a compiled kernel."""
+    import triton
+
+    from triton_mla_sparse import indexer as ix
+    from triton_mla_sparse.kernels import indexer as kix
+
+    dev = torch.device("cuda")
+    T, H, bs, ctx = 4, 64, 64, 512
+    q = torch.randn(T, H, 128, device=dev).to(torch.float8_e4m3fn)
+    w = torch.randn(T, H, device=dev)
+    kc = torch.randint(0, 120, (T * ctx // bs, bs * 132), dtype=torch.uint8, device=dev)
+    kc.view(-1, bs, 132)[:, :, 128:] = 0  # scales 0.0 (bytes 0): finite logits
+    bt = torch.arange(T * ctx // bs, dtype=torch.int32, device=dev).view(T, -1)
+    req = torch.arange(T, dtype=torch.int32, device=dev)
+    pos = torch.full((T,), ctx - 1, dtype=torch.int32, device=dev)
+    p = ix.check_indexer_inputs(q, w, kc, bt, req, pos)
+    cfg = ix.choose_indexer_config(p)
+    logits = torch.empty(T, ctx, dtype=torch.float32, device=dev)
+    out = torch.empty(T, 2048, dtype=torch.int32, device=dev)
+    ws, buf = kix.split_select_workspace(T, ctx, dev)
+    n_chunks = max(1, triton.cdiv(ctx, cfg.split_chunk))
+    hist_args = (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), ctx, n_chunks, 2048)
+    const = dict(CHUNK=cfg.split_chunk, BLOCK=cfg.split_block, NB=kix.NBINS, NREP=kix.NREP)
+    grid = (T * n_chunks, 1, 1)
+    kix._launch_hist(grid, hist_args, const, num_warps=8)
+    compiled = next(iter(kix._launch_hist.cache.values()))
+    full = (*hist_args, *const.values())
+    from triton.runtime import driver
+
+    def raw_run():  # the compiled kernel's launcher, device/stream/hooks looked up here instead of per call
+        compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *full)
+
+    stream = driver.active.get_current_stream(driver.active.get_current_device())
+    rows = {
+        "indexer_topk (public, split select)": lambda: ix.indexer_topk(q, w, kc, bt, req, pos, 2048),
+        "indexer_topk (public, torch.topk)": lambda: ix.indexer_topk(q, w, kc, bt, req, pos, 2048, select="torch"),
+        "indexer_logits (public)": lambda: ix.indexer_logits(q, w, kc, bt, req, pos, ctx),
+        "  check_indexer_topk_inputs": lambda: ix.check_indexer_topk_inputs(q, w, kc, bt, req, pos, 2048, None,
+                                                                            None),
+        "  choose_indexer_config": lambda: ix.choose_indexer_config(p),
+        "  torch.empty x1": lambda: torch.empty(T, ctx, dtype=torch.float32, device=dev),
+        "  split_select_workspace (zeros + empty)": lambda: kix.split_select_workspace(T, ctx, dev),
+        "  launch_indexer_logits": lambda: kix.launch_indexer_logits(p, logits, cfg),
+        "  launch_split_select": lambda: kix.launch_split_select(logits, out, 2048, cfg),
+        "  hist launch (CachedLauncher)": lambda: kix._launch_hist(grid, hist_args, const, num_warps=8),
+        "  hist launch (compiled[grid](*args))": lambda: compiled[grid](*full),
+        "  hist launch (compiled.run, stream given)": raw_run,
+        "  driver get_current_device + stream": lambda: driver.active.get_current_stream(
+            driver.active.get_current_device()),
+        "torch.topk 4 x 512 (k 256)": lambda: torch.topk(logits, 256, dim=1, sorted=False),
+        "torch.add (one tiny torch op)": lambda: torch.add(w, 1.0),
+    }
+    print(f"indexer T={T} H={H} ctx={ctx} select={cfg.select} chunk={cfg.split_chunk}")
+    for name, fn in rows.items():
+        try:
+            print(f"  {name:44s} {per_call_us(fn):7.1f} us/call", flush=True)
+        except Exception as e:  # internal Triton APIs (compiled.run) differ between versions
+            print(f"  {name:44s} failed: {type(e).__name__}: {e}", flush=True)
+
+
 def main():
+    import sys
+
+    if "--indexer" in sys.argv[1:]:
+        indexer_rows()
+        return
     dev = torch.device("cuda")
     for H, fmt in ((16, "bf16"), (128, "bf16"), (16, "fp8_ds_mla")):
         q = torch.randn(1, H, 576, dtype=torch.bfloat16, device=dev)
