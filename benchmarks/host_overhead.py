@@ -54,7 +54,7 @@ def indexer_rows():
     const = dict(CHUNK=cfg.split_chunk, BLOCK=cfg.split_block, NB=kix.NBINS, NREP=kix.NREP)
     grid = (T * n_chunks, 1, 1)
     kix._launch_hist(grid, hist_args, const, num_warps=8)
-    compiled = next(iter(kix._launch_hist.cache.values()))
+    compiled = next(iter(kix._launch_hist.cache.values()))[0]
     full = (*hist_args, *const.values())
     from triton.runtime import driver
 
@@ -89,11 +89,43 @@ def indexer_rows():
             print(f"  {name:44s} failed: {type(e).__name__}: {e}", flush=True)
 
 
+def enqueue_us(fn, n=12):
+    """Host time per call of ``fn`` while the GPU is still busy with earlier calls (the queue never drains, so
+    this is the host's enqueue time, not the GPU's)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    gpu = (time.perf_counter() - t) / n * 1e6
+    return host, gpu
+
+
+def indexer_real_sizes():
+    """Host enqueue time against wall time per call at the bench's decode indexer sizes (64 rows x 32K / 128K)."""
+    from triton_mla_sparse import bench
+
+    for heads, ctx in ((64, 32768), (32, 32768), (64, 131072)):
+        inp = bench.build_indexer_inputs(bench.indexer_case(heads, "decode", ctx=ctx), "cuda")
+        a = bench._indexer_args(inp)
+        logits = tms.indexer_logits(*a, ctx)
+        for name, fn in (("indexer_topk", lambda: tms.indexer_topk(*a, 2048)),
+                         ("indexer_logits", lambda: tms.indexer_logits(*a, ctx)),
+                         ("torch.topk unsorted", lambda: torch.topk(logits, 2048, dim=1, sorted=False))):
+            host, wall = enqueue_us(fn)
+            print(f"  h{heads} 64 x {ctx // 1024}K {name:22s} host {host:7.1f} us/call   wall {wall:7.1f} us/call",
+                  flush=True)
+
+
 def main():
     import sys
 
     if "--indexer" in sys.argv[1:]:
         indexer_rows()
+        indexer_real_sizes()
         return
     dev = torch.device("cuda")
     for H, fmt in ((16, "bf16"), (128, "bf16"), (16, "fp8_ds_mla")):

@@ -61,7 +61,7 @@ def _specialisation_key(args) -> tuple:
 class CachedLauncher:
     """``launcher(grid, args, constexprs, num_warps=, num_stages=)`` for one ``@triton.jit`` kernel; ``args`` are the
     runtime arguments in the kernel's parameter order, ``constexprs`` the constexpr parameters (which come last in
-    our kernels) in the kernel's order, each always given with the same Python type by a call site."""
+    our kernels; each always given with the same Python type by a call site)."""
 
     def __init__(self, kernel):
         self.kernel = kernel
@@ -87,9 +87,6 @@ class CachedLauncher:
                _specialisation_key(args))
         entry = self.cache.get(key)
         if entry is None:
-            if list(constexprs) != self.names[len(args):]:
-                raise TypeError(f"{self.kernel.__name__}: expected the constexprs {self.names[len(args):]} in this "
-                                f"order after {len(args)} runtime arguments, got {list(constexprs)}")
             compiled = self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
             if compiled is not None and hasattr(compiled, "__getitem__"):
                 direct = getattr(compiled, "function", None) is not None and hasattr(compiled, "packed_metadata")
@@ -97,6 +94,7 @@ class CachedLauncher:
             return compiled
         compiled, run = entry
         grid = tuple(grid) + (1,) * (3 - len(grid))
+        consts = [constexprs[n] for n in self.names[len(args):]]  # the kernel's parameter order
         if run is None or not _DIRECT or _knobs.runtime.launch_enter_hook is not None:
             compiled[grid](*args, *consts)  # Triton's runner (with launch metadata for an enter hook)
             return compiled
