@@ -18,8 +18,8 @@ Structure
     applies to), never silently dropped.
   * :func:`run_case` checks every method against the float32 reference on the same inputs first (a subset of rows
     for large cases) and refuses to time a method whose relative error exceeds the case's tolerance; it then times
-    it with ``triton.testing.do_bench`` (median; CUDA events, median of 3, for calls over 20 ms) and, for decode,
-    under CUDA-graph replay.
+    it with ``triton.testing.do_bench`` (the lowest median of three windows, :class:`DoBenchTimer`; CUDA events,
+    median of 3, for calls over 20 ms) and, for decode, under CUDA-graph replay.
   * Reports that need no GPU: :func:`plot_results` (PNG), :func:`compare_text` (old vs new, per case and method),
     :func:`ratios_text` (ours ÷ each peer), :func:`targets_text` (the issue's ours/peer targets, PASS/FAIL).
 
@@ -1212,11 +1212,35 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_do_bench(fn) -> float:
-    """Median milliseconds of ``fn`` by ``triton.testing.do_bench`` (L2 flushed before each call)."""
-    from triton.testing import do_bench
+DO_BENCH_WINDOWS = 3  # eager timing: do_bench windows per method; the figure is the lowest window median
 
-    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+class DoBenchTimer:
+    """``timer(fn)``: the lowest of ``windows`` ``triton.testing.do_bench`` medians of ``fn`` (each window ~``rep``
+    ms of calls, the L2 flushed before every call); the window medians of the last call are kept in
+    ``last_windows`` (the bench records them as ``ms_windows``).
+
+    Why windows: on the lent GPU machines a window now and then runs host-bound — a transient host slowdown. In
+    eight interleaved windows per method (benchmarks/eager_windows.py, H200, 2026-11-30) the DeepGEMM + torch.topk
+    peer read 0.179 ms in seven and 0.256 in one, while every other method stayed within 2 %; a single median
+    reports such a window as the method's figure (it decided PASS/FAIL of single indexer rows in earlier runs, for
+    ours and the peers alike). The lowest window is the steady-state figure, taken the same way for every method."""
+
+    def __init__(self, windows: int = DO_BENCH_WINDOWS, rep: int = 60):
+        self.windows, self.rep = windows, rep
+        self.last_windows: list[float] = []
+
+    def __call__(self, fn) -> float:
+        from triton.testing import do_bench
+
+        self.last_windows = [float(do_bench(fn, warmup=25 if i == 0 else 5, rep=self.rep, return_mode="median"))
+                             for i in range(self.windows)]
+        return min(self.last_windows)
+
+
+def time_do_bench(fn) -> float:
+    """Lowest of :data:`DO_BENCH_WINDOWS` ``triton.testing.do_bench`` medians of ``fn`` (see :class:`DoBenchTimer`)."""
+    return DoBenchTimer()(fn)
 
 
 def time_events(fn, n: int = 3) -> float:
@@ -1379,7 +1403,14 @@ def _run_method(name: str, factory, inp: CaseInputs, ref, sel, *, device, ceilin
             m["timer"] = f"cuda events, median of 3 (one call > {SLOW_CALL_MS:g} ms)"
         else:
             ms = timer(prep.fn)
-            m["timer"] = "do_bench median" if device.type == "cuda" else "wall clock, 1 call (smoke)"
+            windows = list(getattr(timer, "last_windows", None) or [])
+            if device.type != "cuda":
+                m["timer"] = "wall clock, 1 call (smoke)"
+            elif len(windows) > 1:
+                m["timer"] = f"do_bench median, lowest of {len(windows)} windows"
+                m["ms_windows"] = windows
+            else:
+                m["timer"] = "do_bench median"
         rec = {"ms": ms, "tflops": case.flops / (ms * 1e-3) / 1e12,
                "gbps": inp.unique_bytes / (ms * 1e-3) / 1e9, "rel_err": err}
         if ceilings and ceilings.get("copy_gbps"):
@@ -1702,7 +1733,7 @@ def run_bench(*, quick=False, out=None, out_dir=DEFAULT_OUT_DIR, methods=METHOD_
         except Exception as e:  # noqa: BLE001
             ceilings = {"copy_gbps": None, "bf16_tflops": None, "error": _short_exc(e)}
             log(f"  ceilings failed: {ceilings['error']}")
-        timer = time_do_bench
+        timer = DoBenchTimer()
 
         def graph_timer(fn, call_ms=None):
             return time_graph(fn, replays=graph_replays(call_ms))
@@ -2194,5 +2225,5 @@ __all__ += ["indexer_case", "IndexerInputs", "build_indexer_inputs", "encode_ind
             "indexer_error", "check_output", "case_tolerance", "case_group", "target_group", "ours_for", "KINDS",
             "INDEXER_KV_FORMAT", "INDEXER_METHOD_KEYS", "INDEXER_TOL", "DEEPGEMM_KEYS", "resolve_deepgemm_dir",
             "deepgemm_jit_cache_dir"]
-__all__ += ["decode_case", "prefill_case", "git_commit", "time_do_bench", "time_graph", "time_wall", "time_events",
+__all__ += ["decode_case", "prefill_case", "git_commit", "DoBenchTimer", "time_do_bench", "time_graph", "time_wall", "time_events",
             "graph_replays", "report_main", "write_json", "utc_date", "BEST_PEER", "METHOD_COLORS"]
