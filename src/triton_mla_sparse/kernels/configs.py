@@ -26,6 +26,7 @@ class Launch:
     num_warps: int
     num_stages: int
     programs_per_sm: int  # resident programs per multiprocessor (sizes the decode split count)
+    prefill_stages: int | None = None  # num_stages of the prefill kernel when it differs from the decode kernel's
 
 
 HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
@@ -39,7 +40,8 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         (16, "fp8_e4m3"): _L(16, 32, 8, 2, 1),
         (32, "fp8_e4m3"): _L(32, 32, 8, 2, 1),
         (64, "fp8_e4m3"): _L(32, 32, 8, 2, 1),
-        (16, "16bit"): _L(16, 64, 4, 2, 2),
+        # prefill at 16 heads, bf16: 3 stages, 2.17 ms vs 2.35 with 2 (4096 rows x 32K, benchmarks/NOTES.md)
+        (16, "16bit"): _L(16, 64, 4, 2, 2, prefill_stages=3),
         (32, "16bit"): _L(32, 64, 8, 2, 1),
         (64, "16bit"): _L(64, 64, 8, 2, 1),
         (16, "fp8_ds_mla"): _L(16, 32, 4, 2, 2),
@@ -191,13 +193,15 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     n_blocks = -(-topk // block_n)
     if kernel == "auto":
         kernel = "prefill" if T * n_hb >= 2 * slots or n_blocks == 1 else "decode"
+    num_stages = launch.num_stages
     if kernel == "prefill":
         num_splits = 1
+        num_stages = launch.prefill_stages or num_stages
     else:
         num_splits = overrides.pop("num_splits", _split_count(T * n_hb, n_blocks, slots))
     split_len = -(-(-(-topk // num_splits)) // block_n) * block_n
     num_splits = -(-topk // split_len)
     cfg = AttentionConfig(kernel=kernel, block_h=block_h, block_n=block_n, num_splits=num_splits,
-                          split_len=split_len, num_warps=launch.num_warps, num_stages=launch.num_stages,
+                          split_len=split_len, num_warps=launch.num_warps, num_stages=num_stages,
                           sw_fp8=sw_fp8, programs_per_sm=launch.programs_per_sm)
     return replace(cfg, **overrides) if overrides else cfg
