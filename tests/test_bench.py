@@ -696,6 +696,40 @@ def test_do_bench_timer_takes_the_lowest_window(monkeypatch):
 
     monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
     timer = bench.DoBenchTimer(windows=3, rep=60)
+    assert bench.DoBenchTimer().windows == 1
     assert timer(lambda: None) == 0.20
     assert timer.last_windows == [0.31, 0.20, 0.25]
     assert [c[2] for c in calls] == ["median"] * 3 and all(c[1] == 60 for c in calls)
+
+
+def test_windows_are_taken_in_turn_and_the_lowest_is_the_figure():
+    """run_case(windows=3): every timed method gets two more windows after all methods' first, in turn; its ms
+    (and the rates) come from the lowest window; a method refused by its accuracy check gets none."""
+    case = bench.smoke_cases()[0]
+    order = []
+    values = {"torch": iter([3.0, 1.0, 2.0]), "ours": iter([4.0, 5.0, 2.0])}
+
+    def timer(fn):
+        name = fn.__name__
+        order.append(name)
+        return next(values[name])
+
+    def named(key, factory):
+        def make(inp):
+            prep = factory(inp)
+            fn = prep.fn
+
+            def call():
+                return fn()
+            call.__name__ = key
+            prep.fn = call
+            return prep
+        return make
+
+    facs = {k: named(k, bench.METHODS[k]) for k in ("torch", "ours")}
+    rec = bench.run_case(case, ["torch", "ours"], "cpu", factories=facs, timer=timer, log=lambda s: None, windows=3)
+    assert order == ["torch", "ours", "torch", "ours", "torch", "ours"]
+    t, o = rec["methods"]["torch"], rec["methods"]["ours"]
+    assert t["ms_windows"] == [3.0, 1.0, 2.0] and t["ms"] == 1.0
+    assert o["ms_windows"] == [4.0, 5.0, 2.0] and o["ms"] == 2.0
+    assert math.isclose(o["tflops"], case.flops / 2e-3 / 1e12)

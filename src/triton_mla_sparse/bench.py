@@ -18,8 +18,9 @@ Structure
     applies to), never silently dropped.
   * :func:`run_case` checks every method against the float32 reference on the same inputs first (a subset of rows
     for large cases) and refuses to time a method whose relative error exceeds the case's tolerance; it then times
-    it with ``triton.testing.do_bench`` (the lowest median of three windows, :class:`DoBenchTimer`; CUDA events,
-    median of 3, for calls over 20 ms) and, for decode, under CUDA-graph replay.
+    it with ``triton.testing.do_bench`` (the lowest median of three windows taken in turn with the case's other
+    methods, :class:`DoBenchTimer`; CUDA events, median of 3, for calls over 20 ms) and, for decode, under
+    CUDA-graph replay.
   * Reports that need no GPU: :func:`plot_results` (PNG), :func:`compare_text` (old vs new, per case and method),
     :func:`ratios_text` (ours ÷ each peer), :func:`targets_text` (the issue's ours/peer targets, PASS/FAIL).
 
@@ -1212,21 +1213,23 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-DO_BENCH_WINDOWS = 3  # eager timing: do_bench windows per method; the figure is the lowest window median
+DO_BENCH_WINDOWS = 3  # eager timing: do_bench windows per method, round-robin over a case's methods; lowest median
 
 
 class DoBenchTimer:
     """``timer(fn)``: the lowest of ``windows`` ``triton.testing.do_bench`` medians of ``fn`` (each window ~``rep``
     ms of calls, the L2 flushed before every call); the window medians of the last call are kept in
-    ``last_windows`` (the bench records them as ``ms_windows``).
+    ``last_windows``. The bench calls it with one window per method in turn (:func:`run_case`, ``windows``).
 
     Why windows: on the lent GPU machines a window now and then runs host-bound — a transient host slowdown. In
     eight interleaved windows per method (benchmarks/eager_windows.py, H200, 2026-11-30) the DeepGEMM + torch.topk
     peer read 0.179 ms in seven and 0.256 in one, while every other method stayed within 2 %; a single median
     reports such a window as the method's figure (it decided PASS/FAIL of single indexer rows in earlier runs, for
-    ours and the peers alike). The lowest window is the steady-state figure, taken the same way for every method."""
+    ours and the peers alike). Slowdowns also last longer than one method's back-to-back windows (a run where
+    three consecutive windows of one call read 0.228–0.244 ms against 0.152 under graphs), hence round-robin. The
+    lowest window is the steady-state figure, taken the same way for every method."""
 
-    def __init__(self, windows: int = DO_BENCH_WINDOWS, rep: int = 60):
+    def __init__(self, windows: int = 1, rep: int = 60):
         self.windows, self.rep = windows, rep
         self.last_windows: list[float] = []
 
@@ -1239,8 +1242,9 @@ class DoBenchTimer:
 
 
 def time_do_bench(fn) -> float:
-    """Lowest of :data:`DO_BENCH_WINDOWS` ``triton.testing.do_bench`` medians of ``fn`` (see :class:`DoBenchTimer`)."""
-    return DoBenchTimer()(fn)
+    """Lowest of :data:`DO_BENCH_WINDOWS` back-to-back ``triton.testing.do_bench`` medians of ``fn``
+    (:class:`DoBenchTimer`)."""
+    return DoBenchTimer(DO_BENCH_WINDOWS)(fn)
 
 
 def time_events(fn, n: int = 3) -> float:
@@ -1367,9 +1371,18 @@ def _free(device):
         torch.cuda.empty_cache()
 
 
-def _run_method(name: str, factory, inp: CaseInputs, ref, sel, *, device, ceilings, timer, graph_timer, log) -> dict:
+def _rates(case: Case, inp, ms: float, ceilings) -> dict:
+    rec = {"ms": ms, "tflops": case.flops / (ms * 1e-3) / 1e12, "gbps": inp.unique_bytes / (ms * 1e-3) / 1e9}
+    if ceilings and ceilings.get("copy_gbps"):
+        rec["pct_copy"] = 100.0 * rec["gbps"] / ceilings["copy_gbps"]
+    return rec
+
+
+def _run_method(name: str, factory, inp: CaseInputs, ref, sel, *, device, ceilings, timer, graph_timer, log,
+                keep=None) -> dict:
     """Accuracy check, then timing, of one method on one case's inputs. Returns its JSON record: ``ms``, ``tflops``,
-    ``gbps``, ``rel_err`` (+ ``graph_ms`` for decode, ``pct_copy``, ``config``, ``timer``), or ``error``."""
+    ``gbps``, ``rel_err`` (+ ``graph_ms`` for decode, ``pct_copy``, ``config``, ``timer``), or ``error``. ``keep``
+    (a list): a method timed by ``timer`` is appended as (name, prepared call) for more windows (:func:`run_case`)."""
     case = inp.case
     tol = case_tolerance(case)
     m: dict = {}
@@ -1403,18 +1416,11 @@ def _run_method(name: str, factory, inp: CaseInputs, ref, sel, *, device, ceilin
             m["timer"] = f"cuda events, median of 3 (one call > {SLOW_CALL_MS:g} ms)"
         else:
             ms = timer(prep.fn)
-            windows = list(getattr(timer, "last_windows", None) or [])
-            if device.type != "cuda":
-                m["timer"] = "wall clock, 1 call (smoke)"
-            elif len(windows) > 1:
-                m["timer"] = f"do_bench median, lowest of {len(windows)} windows"
-                m["ms_windows"] = windows
-            else:
-                m["timer"] = "do_bench median"
-        rec = {"ms": ms, "tflops": case.flops / (ms * 1e-3) / 1e12,
-               "gbps": inp.unique_bytes / (ms * 1e-3) / 1e9, "rel_err": err}
-        if ceilings and ceilings.get("copy_gbps"):
-            rec["pct_copy"] = 100.0 * rec["gbps"] / ceilings["copy_gbps"]
+            m["timer"] = "do_bench median" if device.type == "cuda" else "wall clock, 1 call (smoke)"
+            if keep is not None:
+                keep.append((name, prep))
+                m["ms_windows"] = [ms]
+        rec = {**_rates(case, inp, ms, ceilings), "rel_err": err}
         if _graph_timed(case) and graph_timer is not None:
             if not prep.graphable:
                 rec["graph_error"] = "not graphable"
@@ -1461,9 +1467,11 @@ def _run_method(name: str, factory, inp: CaseInputs, ref, sel, *, device, ceilin
 
 
 def run_case(case: Case, method_names, device, *, factories=None, ceilings=None, seed=0, timer=None,
-             graph_timer=None, log=print) -> dict:
+             graph_timer=None, log=print, windows: int = 1) -> dict:
     """Build ``case`` once, then for every method in ``method_names`` that applies to it (:func:`method_applies`):
-    accuracy against the float32 reference, then timing. Returns the JSON record of the case."""
+    accuracy against the float32 reference, then timing. ``windows`` > 1: after every method's first timing, each
+    method timed by ``timer`` gets ``windows - 1`` more, in turn (round-robin), and its figure is the lowest
+    (``ms_windows`` holds them all). Returns the JSON record of the case."""
     device = torch.device(device)
     factories = method_factories(None) if factories is None else factories
     timer = timer or time_do_bench
@@ -1484,12 +1492,26 @@ def run_case(case: Case, method_names, device, *, factories=None, ceilings=None,
     names = list(method_names)
     if case.kind == "indexer":  # ours, ours_logits, deepgemm, deepgemm_topk, torch, then any extra
         names = [m for m in INDEXER_METHOD_KEYS if m in names] + [m for m in names if m not in INDEXER_METHOD_KEYS]
+    keep = [] if windows > 1 else None
     for name in names:
         if not method_applies(name, case):
             continue
         rec["methods"][name] = _run_method(name, factories.get(name), inp, ref, sel, device=device,
-                                           ceilings=ceilings, timer=timer, graph_timer=graph_timer, log=log)
-    del inp, ref
+                                           ceilings=ceilings, timer=timer, graph_timer=graph_timer, log=log,
+                                           keep=keep)
+    for _ in range(windows - 1):
+        for name, prep in keep or []:
+            try:
+                rec["methods"][name]["ms_windows"].append(timer(prep.fn))
+            except Exception as e:  # noqa: BLE001 - the first window stands
+                rec["methods"][name]["windows_error"] = _short_exc(e)
+    for name, _ in keep or []:
+        m = rec["methods"][name]
+        ms = min(m["ms_windows"])
+        m.update(_rates(case, inp, ms, ceilings))
+        m["timer"] = f"lowest of {len(m['ms_windows'])} do_bench medians, taken in turn with the case's other methods"
+        log(f"  {name:<13} windows " + " ".join(f"{w:.4f}" for w in m["ms_windows"]) + f" -> {ms:.4f} ms")
+    del keep, inp, ref
     _free(device)
     return rec
 
@@ -1734,12 +1756,14 @@ def run_bench(*, quick=False, out=None, out_dir=DEFAULT_OUT_DIR, methods=METHOD_
             ceilings = {"copy_gbps": None, "bf16_tflops": None, "error": _short_exc(e)}
             log(f"  ceilings failed: {ceilings['error']}")
         timer = DoBenchTimer()
+        windows = DO_BENCH_WINDOWS
 
         def graph_timer(fn, call_ms=None):
             return time_graph(fn, replays=graph_replays(call_ms))
     else:
         ceilings = {"copy_gbps": None, "bf16_tflops": None}
         timer, graph_timer = (lambda fn: time_wall(fn, device)), None
+        windows = 1
 
     results: list[dict] = []
     doc = {
@@ -1766,7 +1790,7 @@ def run_bench(*, quick=False, out=None, out_dir=DEFAULT_OUT_DIR, methods=METHOD_
         eta = "" if i == 1 else f", ~{elapsed / (i - 1) * (len(cases) - i + 1):.0f} s left"
         log(f"[{i}/{len(cases)}] {case.name} ({elapsed:.0f} s{eta})")
         results.append(run_case(case, methods, device, factories=factories, ceilings=ceilings, seed=seed,
-                                timer=timer, graph_timer=graph_timer, log=log))
+                                timer=timer, graph_timer=graph_timer, log=log, windows=windows))
         if out:
             doc["elapsed_s"] = time.perf_counter() - t_start
             try:
