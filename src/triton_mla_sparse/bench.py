@@ -1471,7 +1471,8 @@ def run_case(case: Case, method_names, device, *, factories=None, ceilings=None,
     """Build ``case`` once, then for every method in ``method_names`` that applies to it (:func:`method_applies`):
     accuracy against the float32 reference, then timing. ``windows`` > 1: after every method's first timing, each
     method timed by ``timer`` gets ``windows - 1`` more, in turn (round-robin), and its figure is the lowest
-    (``ms_windows`` holds them all). Returns the JSON record of the case."""
+    (``ms_windows`` holds them all; the prepared calls of the case's methods stay alive until then). Returns the
+    JSON record of the case."""
     device = torch.device(device)
     factories = method_factories(None) if factories is None else factories
     timer = timer or time_do_bench
@@ -2249,5 +2250,5 @@ __all__ += ["indexer_case", "IndexerInputs", "build_indexer_inputs", "encode_ind
             "indexer_error", "check_output", "case_tolerance", "case_group", "target_group", "ours_for", "KINDS",
             "INDEXER_KV_FORMAT", "INDEXER_METHOD_KEYS", "INDEXER_TOL", "DEEPGEMM_KEYS", "resolve_deepgemm_dir",
             "deepgemm_jit_cache_dir"]
-__all__ += ["decode_case", "prefill_case", "git_commit", "DoBenchTimer", "time_do_bench", "time_graph", "time_wall", "time_events",
-            "graph_replays", "report_main", "write_json", "utc_date", "BEST_PEER", "METHOD_COLORS"]
+__all__ += ["decode_case", "prefill_case", "git_commit", "DoBenchTimer", "time_do_bench", "time_graph", "time_wall",
+            "time_events", "graph_replays", "report_main", "write_json", "utc_date", "BEST_PEER", "METHOD_COLORS"]

@@ -81,10 +81,9 @@ class CachedLauncher:
         global _DIRECT
         if not _ENABLED or args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cuda":
             return self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
-        consts = tuple(constexprs.values())
         device = torch.cuda.current_device()
-        key = (tuple(constexprs), consts, num_warps, num_stages, tuple(options.items()) if options else (), device,
-               _specialisation_key(args))
+        key = (tuple(constexprs), tuple(constexprs.values()), num_warps, num_stages,
+               tuple(options.items()) if options else (), device, _specialisation_key(args))
         entry = self.cache.get(key)
         if entry is None:
             compiled = self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
