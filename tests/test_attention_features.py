@@ -238,18 +238,6 @@ def test_block_n(kernel, block_n):
     assert_matches(out, lse, *run_reference(prob))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_eviction_hints_change_nothing(kernel, fmt):
-    """The L2 eviction hints (on for sm90 prefill) are cache policy only: bitwise the same out and lse."""
-    prob = make_problem(fmt, 3, 5, 90, 16)
-    out, lse = run_kernel(prob, kernel, evict_hints=False)
-    out_h, lse_h, cfg = run_kernel(prob, kernel, evict_hints=True, return_config=True)
-    assert cfg.evict_hints
-    assert torch.equal(out_h, out) and torch.equal(lse_h, lse)
-    assert_matches(out_h, lse_h, *run_reference(prob))
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # q forms and NoPE
 

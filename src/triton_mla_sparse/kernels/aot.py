@@ -74,7 +74,7 @@ def compile_attention(arch, cfg: AttentionConfig, *, kv_format: str, split: bool
     sig.update(sm_scale_log2="fp32", k_scale="fp32")
     const = dict(FMT=fmt, CONVERT=fmt == A.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,
                  HAS_TOPK_LEN=True, HAS_SINK=True, K_SCALE_PTR=False, SPLIT=split, BLOCK_H=cfg.block_h,
-                 BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8, EVICT=cfg.evict_hints)
+                 BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8)
     return _compile(A._sparse_mla_fwd_kernel, sig, const, list(_PTR_TYPES) + sorted(_DIV16), arch, cfg.num_warps,
                     cfg.num_stages, ones=("stride_idx_k",))
 

@@ -30,15 +30,11 @@ LN2 = 0.6931471805599453
 
 @triton.jit
 def _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, o_k, n_end, num_slots, block_size, kv_ptr, stride_kv_blk,
-          stride_kv_row, EVICT: tl.constexpr):
+          stride_kv_row):
     """Row pointers [BLOCK_N] of list entries ``o_k`` and their validity (inside the range, 0 <= slot < num_slots);
-    invalid entries point at slot 0 and are masked everywhere. ``EVICT``: the list is read once (evict first)."""
+    invalid entries point at slot 0 and are masked everywhere."""
     m_k = o_k < n_end
-    p_idx = idx_ptr + i_t * stride_idx_t + o_k.to(tl.int64) * stride_idx_k
-    if EVICT:
-        b_idx = tl.load(p_idx, mask=m_k, other=-1, eviction_policy="evict_first")
-    else:
-        b_idx = tl.load(p_idx, mask=m_k, other=-1)
+    b_idx = tl.load(idx_ptr + i_t * stride_idx_t + o_k.to(tl.int64) * stride_idx_k, mask=m_k, other=-1)
     m_n = m_k & (b_idx >= 0) & (b_idx < num_slots)
     b_idx = tl.where(m_n, b_idx, 0)
     i_blk = b_idx // block_size
@@ -48,40 +44,28 @@ def _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, o_k, n_end, num_slots, block
 
 
 @triton.jit
-def _gather_chunk(p_row, o_c, m_n, C: tl.constexpr, EVICT: tl.constexpr):
-    """Latent values [C*128, C*128+128) of the gathered rows as stored (bytes for fp8 formats); 0 when invalid.
-    ``EVICT``: cache rows are shared by many query rows (prefill): keep them in L2 (evict last)."""
-    if EVICT:
-        return tl.load(p_row[:, None] + (C * 128 + o_c)[None, :], mask=m_n[:, None], other=0,
-                       eviction_policy="evict_last")
-    else:
-        return tl.load(p_row[:, None] + (C * 128 + o_c)[None, :], mask=m_n[:, None], other=0)
+def _gather_chunk(p_row, o_c, m_n, C: tl.constexpr):
+    """Latent values [C*128, C*128+128) of the gathered rows as stored (bytes for fp8 formats); 0 when invalid."""
+    return tl.load(p_row[:, None] + (C * 128 + o_c)[None, :], mask=m_n[:, None], other=0)
 
 
 @triton.jit
-def _gather_scale(p_row, m_n, C: tl.constexpr, FMT: tl.constexpr, EVICT: tl.constexpr):
+def _gather_scale(p_row, m_n, C: tl.constexpr, FMT: tl.constexpr):
     """float32 scale of latent tile C of fp8_ds_mla rows [BLOCK_N] (1.0 for other formats: unused)."""
     if FMT == 2:
-        if EVICT:
-            return tl.load((p_row + 512).to(tl.pointer_type(tl.float32)) + C, mask=m_n, other=0.0,
-                           eviction_policy="evict_last")
-        else:
-            return tl.load((p_row + 512).to(tl.pointer_type(tl.float32)) + C, mask=m_n, other=0.0)
+        return tl.load((p_row + 512).to(tl.pointer_type(tl.float32)) + C, mask=m_n, other=0.0)
     else:
         return tl.full(m_n.shape, 1.0, tl.float32)
 
 
 @triton.jit
-def _gather_rope(p_row, o_r, m_n, FMT: tl.constexpr, EVICT: tl.constexpr):
+def _gather_rope(p_row, o_r, m_n, FMT: tl.constexpr):
     """RoPE part of the gathered rows as stored: bf16 for fp8_ds_mla, the cache's element type otherwise."""
     if FMT == 2:
         p = (p_row + 528).to(tl.pointer_type(tl.bfloat16))[:, None] + o_r[None, :]
     else:
         p = p_row[:, None] + (512 + o_r)[None, :]
-    if EVICT:
-        return tl.load(p, mask=m_n[:, None], other=0, eviction_policy="evict_last")
-    else:
-        return tl.load(p, mask=m_n[:, None], other=0)
+    return tl.load(p, mask=m_n[:, None], other=0)
 
 
 @triton.jit
@@ -160,10 +144,7 @@ def _sparse_mla_fwd_kernel(
     FMT: tl.constexpr, CONVERT: tl.constexpr, HAS_ROPE: tl.constexpr,
     HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, K_SCALE_PTR: tl.constexpr,
     SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SW_FP8: tl.constexpr,
-    EVICT: tl.constexpr,
 ):
-    """``EVICT``: L2 eviction hints for prefill, where every cache row is gathered by many query rows: cache rows
-    evict last, the slot lists (read once) and the output (written once) evict first."""
     i_ts = tl.program_id(0)
     i_hb = tl.program_id(1)
     i_t = (i_ts // num_splits).to(tl.int64)
@@ -209,21 +190,17 @@ def _sparse_mla_fwd_kernel(
         b_qr = b_q0  # unused
     for n0 in range(n_start, n_end, BLOCK_N):
         p_row, m_n = _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, n0 + o_n, n_end, num_slots, block_size, kv_ptr,
-                           stride_kv_blk, stride_kv_row, EVICT)
+                           stride_kv_blk, stride_kv_row)
         if HAS_ROPE:
-            b_kr = _dequant_rope(_gather_rope(p_row, o_r, m_n, FMT, EVICT), FMT, CONVERT, SW_FP8, dt)
+            b_kr = _dequant_rope(_gather_rope(p_row, o_r, m_n, FMT), FMT, CONVERT, SW_FP8, dt)
         else:
             b_kr = b_qr  # unused: NoPE rows end after the latent and must not be read past it
         b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _attend(
             b_q0, b_q1, b_q2, b_q3, b_qr,
-            _dequant(_gather_chunk(p_row, o_c, m_n, 0, EVICT), _gather_scale(p_row, m_n, 0, FMT, EVICT), FMT, CONVERT,
-                     SW_FP8, dt),
-            _dequant(_gather_chunk(p_row, o_c, m_n, 1, EVICT), _gather_scale(p_row, m_n, 1, FMT, EVICT), FMT, CONVERT,
-                     SW_FP8, dt),
-            _dequant(_gather_chunk(p_row, o_c, m_n, 2, EVICT), _gather_scale(p_row, m_n, 2, FMT, EVICT), FMT, CONVERT,
-                     SW_FP8, dt),
-            _dequant(_gather_chunk(p_row, o_c, m_n, 3, EVICT), _gather_scale(p_row, m_n, 3, FMT, EVICT), FMT, CONVERT,
-                     SW_FP8, dt),
+            _dequant(_gather_chunk(p_row, o_c, m_n, 0), _gather_scale(p_row, m_n, 0, FMT), FMT, CONVERT, SW_FP8, dt),
+            _dequant(_gather_chunk(p_row, o_c, m_n, 1), _gather_scale(p_row, m_n, 1, FMT), FMT, CONVERT, SW_FP8, dt),
+            _dequant(_gather_chunk(p_row, o_c, m_n, 2), _gather_scale(p_row, m_n, 2, FMT), FMT, CONVERT, SW_FP8, dt),
+            _dequant(_gather_chunk(p_row, o_c, m_n, 3), _gather_scale(p_row, m_n, 3, FMT), FMT, CONVERT, SW_FP8, dt),
             b_kr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE, dt)
 
     # Normalise; an empty range (no valid entry) gives 0 and lse -inf.
@@ -246,20 +223,10 @@ def _sparse_mla_fwd_kernel(
         p_o = out_ptr + i_t * stride_o_t + o_h[:, None].to(tl.int64) * stride_o_h
         tl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
     ty = out_ptr.dtype.element_ty
-    if EVICT:  # written once, read by nobody here: out of the cache rows' way
-        tl.store(p_o + (0 * 128 + o_c)[None, :], (b_a0 * b_f[:, None]).to(ty), mask=m_h[:, None],
-                 eviction_policy="evict_first")
-        tl.store(p_o + (1 * 128 + o_c)[None, :], (b_a1 * b_f[:, None]).to(ty), mask=m_h[:, None],
-                 eviction_policy="evict_first")
-        tl.store(p_o + (2 * 128 + o_c)[None, :], (b_a2 * b_f[:, None]).to(ty), mask=m_h[:, None],
-                 eviction_policy="evict_first")
-        tl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * b_f[:, None]).to(ty), mask=m_h[:, None],
-                 eviction_policy="evict_first")
-    else:
-        tl.store(p_o + (0 * 128 + o_c)[None, :], (b_a0 * b_f[:, None]).to(ty), mask=m_h[:, None])
-        tl.store(p_o + (1 * 128 + o_c)[None, :], (b_a1 * b_f[:, None]).to(ty), mask=m_h[:, None])
-        tl.store(p_o + (2 * 128 + o_c)[None, :], (b_a2 * b_f[:, None]).to(ty), mask=m_h[:, None])
-        tl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * b_f[:, None]).to(ty), mask=m_h[:, None])
+    tl.store(p_o + (0 * 128 + o_c)[None, :], (b_a0 * b_f[:, None]).to(ty), mask=m_h[:, None])
+    tl.store(p_o + (1 * 128 + o_c)[None, :], (b_a1 * b_f[:, None]).to(ty), mask=m_h[:, None])
+    tl.store(p_o + (2 * 128 + o_c)[None, :], (b_a2 * b_f[:, None]).to(ty), mask=m_h[:, None])
+    tl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * b_f[:, None]).to(ty), mask=m_h[:, None])
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -344,7 +311,7 @@ def launch_sparse_mla(p, cfg, out, lse=None):
     common = dict(
         FMT=fmt, CONVERT=convert, HAS_ROPE=has_rope, HAS_TOPK_LEN=p.topk_length is not None,
         HAS_SINK=p.attn_sink is not None, K_SCALE_PTR=k_scale_ptr,
-        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8, EVICT=cfg.evict_hints,
+        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8,
     )
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (q_nope, q_pe, kv, p.indices, topk_len, sink, k_scale_t)

@@ -127,7 +127,6 @@ class AttentionConfig:
     programs_per_sm: int = 1  # resident programs per multiprocessor (registers/shared memory bound)
     combine_block_h: int = 8
     combine_warps: int = 4
-    evict_hints: bool = False  # L2 eviction hints (cache rows evict last, slot lists evict first): sm90 prefill
 
 
 def interpreting() -> bool:
@@ -204,7 +203,5 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     num_splits = -(-topk // split_len)
     cfg = AttentionConfig(kernel=kernel, block_h=block_h, block_n=block_n, num_splits=num_splits,
                           split_len=split_len, num_warps=launch.num_warps, num_stages=num_stages,
-                          sw_fp8=sw_fp8, programs_per_sm=launch.programs_per_sm,
-                          evict_hints=kernel == "prefill" and arch is not None and arch.name == "sm90"
-                          and not interpreting())
+                          sw_fp8=sw_fp8, programs_per_sm=launch.programs_per_sm)
     return replace(cfg, **overrides) if overrides else cfg
