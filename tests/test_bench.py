@@ -726,9 +726,15 @@ def test_windows_are_taken_in_turn_and_the_lowest_is_the_figure():
             return prep
         return make
 
-    facs = {k: named(k, bench.METHODS[k]) for k in ("torch", "ours")}
-    rec = bench.run_case(case, ["torch", "ours"], "cpu", factories=facs, timer=timer, log=lambda s: None, windows=3)
-    assert order == ["torch", "ours", "torch", "ours", "torch", "ours"]
+    def wrong(inp):
+        return bench.Prepared(fn=lambda: torch.zeros(inp.q.shape[0], inp.q.shape[1], 512, dtype=inp.q.dtype),
+                              config="zeros")
+
+    facs = {**{k: named(k, bench.METHODS[k]) for k in ("torch", "ours")}, "page1_triton": wrong}
+    rec = bench.run_case(case, ["torch", "page1_triton", "ours"], "cpu", factories=facs, timer=timer,
+                         log=lambda s: None, windows=3)
+    assert order == ["torch", "ours", "torch", "ours", "torch", "ours"]  # the refused method: never timed
+    assert "ms" not in rec["methods"]["page1_triton"] and "ms_windows" not in rec["methods"]["page1_triton"]
     t, o = rec["methods"]["torch"], rec["methods"]["ours"]
     assert t["ms_windows"] == [3.0, 1.0, 2.0] and t["ms"] == 1.0
     assert o["ms_windows"] == [4.0, 5.0, 2.0] and o["ms"] == 2.0

@@ -116,7 +116,8 @@ def run_info(arch_name: str | None = None) -> int:
         cells = []
         for cc in CACHE_CLASSES:
             launch = TABLE[arch.name][(hc, cc)]
-            cells.append(f"{cc}: bh{launch.block_h} bn{launch.block_n} w{launch.num_warps} s{launch.num_stages} "
+            stages = f"s{launch.num_stages}" + (f"/prefill s{launch.prefill_stages}" if launch.prefill_stages else "")
+            cells.append(f"{cc}: bh{launch.block_h} bn{launch.block_n} w{launch.num_warps} {stages} "
                          f"x{launch.programs_per_sm}")
         print(f"  H<={hc if hc < 64 else MAX_HEADS:3d}  " + " | ".join(cells))
     print("unsupported here (rejected up front with these reasons):")

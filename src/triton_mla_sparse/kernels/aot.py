@@ -107,8 +107,9 @@ def compile_indexer_logits(arch, cfg, *, q_fp8: bool, k_fp8: bool):
                  BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, ROWS=cfg.rows_per_program, ZERO_WS=True)
     # as launched on contiguous tensors with 32 or 64 heads: unit strides of weights' heads, the block table's
     # columns, the row vectors and the logits' columns; the rest of the strides, Hi and block_size divisible by 16
+    # (not the workspace's row stride: WS_WIDTH = 16408 is 8 mod 16)
     div = list(sig)[:8] + ["stride_q_t", "stride_q_h", "stride_w_t", "stride_k_blk", "stride_k_row", "stride_bt_r",
-                           "stride_o_t", "stride_ws_t", "Hi", "block_size"]
+                           "stride_o_t", "Hi", "block_size"]
     ones = ("stride_w_h", "stride_bt_c", "stride_req", "stride_pos", "stride_o_p")
     return _compile(I._indexer_logits_kernel, sig, const, div, arch, cfg.num_warps, cfg.num_stages, ones)
 

@@ -5,12 +5,12 @@ kernel up; for the attention kernel's ~45 arguments that cost about 40 µs per l
 (``benchmarks/host_overhead.py``), more than the GPU time of a small decode step. :class:`CachedLauncher` keeps the
 ``CompiledKernel`` that the first normal launch of each specialisation returns, under a key holding everything
 Triton specialises on for these arguments — the constexprs and launch options, each tensor's dtype and 16-byte
-alignment, each int's value class (== 1, divisible by 16, 32/64-bit) — and launches later calls through that kernel's
-launcher, as ``CompiledKernel[grid](*args)`` does but without its per-call lookups (device, stream, hooks, launch
-metadata: 14.0 → 9.8 µs per launch on the H200 machine's host; Triton's runner is used when a launch-enter hook is
-set, e.g. by a profiler, or when a Triton's launcher takes other arguments). A new key always goes through Triton's
-own path, so the first call of a specialisation (and every call under the interpreter) behaves exactly as a plain
-launch.
+alignment, each int's value class (== 1, divisible by 16, 32/64-bit) — and launches later calls through
+``CompiledKernel[grid](*args)``. A new key always goes through Triton's own path, so the first call of a
+specialisation (and every call under the interpreter) behaves exactly as a plain launch.
+(Not done: calling the compiled kernel's launcher directly, skipping the runner's per-call lookups, measured 14.0 →
+9.8 µs per launch on the H200 machine's host by ``benchmarks/host_overhead.py``; a first version, 09d1c97, never
+engaged — Triton's launch hooks are empty ``HookChain`` objects, not None — and was removed unmeasured.)
 ``TRITON_MLA_SPARSE_FAST_LAUNCH=0`` turns the cache off.
 """
 
@@ -20,13 +20,11 @@ import inspect
 import os
 
 import torch
-from triton import knobs as _knobs
 
 _ENABLED = os.environ.get("TRITON_MLA_SPARSE_FAST_LAUNCH", "1") not in ("0", "")
 
 
 _HIP = bool(getattr(torch.version, "hip", None))
-_DIRECT = True  # launch through the compiled kernel's launcher directly (False once a Triton rejects its arguments)
 
 
 def _specialisation_key(args) -> tuple:
@@ -78,29 +76,16 @@ class CachedLauncher:
 
     def __call__(self, grid, args, constexprs: dict, *, num_warps: int, num_stages: int = 1, **options):
         """``options``: further compile options of Triton's launch (e.g. ``maxnreg``), part of the key."""
-        global _DIRECT
         if not _ENABLED or args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cuda":
             return self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
-        device = torch.cuda.current_device()
         key = (tuple(constexprs), tuple(constexprs.values()), num_warps, num_stages,
-               tuple(options.items()) if options else (), device, _specialisation_key(args))
-        entry = self.cache.get(key)
-        if entry is None:
+               tuple(options.items()) if options else (), torch.cuda.current_device(), _specialisation_key(args))
+        compiled = self.cache.get(key)
+        if compiled is None:
             compiled = self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)
             if compiled is not None and hasattr(compiled, "__getitem__"):
-                direct = getattr(compiled, "function", None) is not None and hasattr(compiled, "packed_metadata")
-                self.cache[key] = (compiled, compiled.run if direct else None)
+                self.cache[key] = compiled
             return compiled
-        compiled, run = entry
         grid = tuple(grid) + (1,) * (3 - len(grid))
-        consts = [constexprs[n] for n in self.names[len(args):]]  # the kernel's parameter order
-        if run is None or not _DIRECT or _knobs.runtime.launch_enter_hook is not None:
-            compiled[grid](*args, *consts)  # Triton's runner (with launch metadata for an enter hook)
-            return compiled
-        try:  # what Triton's runner does, with the device already known and no launch metadata to build
-            run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device), compiled.function,
-                compiled.packed_metadata, None, None, _knobs.runtime.launch_exit_hook, *args, *consts)
-        except TypeError:  # a Triton whose launcher takes other arguments: its runner from now on
-            _DIRECT = False
-            compiled[grid](*args, *consts)
+        compiled[grid](*args, *[constexprs[n] for n in self.names[len(args):]])
         return compiled
