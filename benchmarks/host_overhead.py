@@ -54,7 +54,7 @@ def indexer_rows():
     const = dict(CHUNK=cfg.split_chunk, BLOCK=cfg.split_block, NB=kix.NBINS, NREP=kix.NREP)
     grid = (T * n_chunks, 1, 1)
     kix._launch_hist(grid, hist_args, const, num_warps=8)
-    compiled = next(iter(kix._launch_hist.cache.values()))[0]
+    compiled = next(iter(kix._launch_hist.cache.values()))
     full = (*hist_args, *const.values())
     from triton.runtime import driver
 

@@ -222,10 +222,11 @@ def choose_indexer_config(p: IndexerProblem, **overrides) -> IndexerConfig:
     from .kernels.configs import interpreting
 
     shared_rows = p.T > p.block_table.shape[0]
-    key = (p.device, p.Hi, p.q.dtype, p.k.dtype, p.k_fp8, shared_rows, interpreting())
+    interpreter = interpreting()
+    key = (p.device, p.Hi, p.q.dtype, p.k.dtype, p.k_fp8, shared_rows, interpreter)
     cfg = _CONFIGS.get(key)
     if cfg is None:
-        cfg = _CONFIGS[key] = _indexer_config(p, shared_rows, interpreting())
+        cfg = _CONFIGS[key] = _indexer_config(p, shared_rows, interpreter)
     if overrides:
         from dataclasses import replace
 
@@ -298,12 +299,11 @@ def indexer_topk(q, weights, k_cache, block_table, req_id_per_token, positions, 
     ``[T, max_len]`` workspace, then a selection picks the positions without sorting: ``select="split"`` (this
     package's multi-program select: on long rows a counting bound and the row maximum, a histogram of the
     candidates at or above the bound (2048 bins up to the maximum; the top 11 key bits on short rows), then every
-    program writes its positions
-    above the threshold bin and the row's last program resolves the boundary bin by radix select; the default for
-    decode rows on sm90, where it measured fastest, and under the interpreter), ``"torch"`` (``torch.topk``, a
-    radix select; the default for prefill rows and other GPUs), or ``None`` = the configuration's choice. Shapes
-    decide every allocation: no host synchronisation, CUDA-graph capturable. The result plugs into
-    :func:`triton_mla_sparse.topk_to_slots`.
+    program writes its positions above the threshold bin and the row's last program resolves the boundary bin by
+    radix select; the default for decode rows on sm90, where it measured fastest, and under the interpreter),
+    ``"torch"`` (``torch.topk``, a radix select; the default for prefill rows and other GPUs), or ``None`` = the
+    configuration's choice. Shapes decide every allocation: no host synchronisation, CUDA-graph capturable. The
+    result plugs into :func:`triton_mla_sparse.topk_to_slots`.
     """
     p, max_len = check_indexer_topk_inputs(q, weights, k_cache, block_table, req_id_per_token, positions, topk,
                                            max_len, out)

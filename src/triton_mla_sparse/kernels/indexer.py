@@ -419,15 +419,19 @@ def launch_indexer_logits(p, out, cfg, ws=None):
 WS_WIDTH = NREP * NBINS + WS_EXTRA  # int32 per row of the split select's workspace
 
 
-def split_select_workspace(T, L, device, zeroed=True):
-    """The split select's workspace for ``T`` rows of ``L`` logits: an int32 [T, WS_WIDTH] (histograms, counters,
-    bounds, the threshold; zeroed unless ``zeroed=False``, for a caller whose logits launch zeroes it) and an
-    int32 [T, max(L, 1)] boundary buffer."""
+def split_select_workspace(T, L, device):
+    """The split select's workspace for ``T`` rows of ``L`` logits: a zeroed int32 [T, WS_WIDTH] (histograms,
+    counters, bounds, the threshold) and an int32 [T, max(L, 1)] boundary buffer."""
     import torch
 
-    ws = (torch.zeros if zeroed else torch.empty)(T, WS_WIDTH, dtype=torch.int32, device=device)
-    buf = torch.empty(T, max(L, 1), dtype=torch.int32, device=device)
-    return ws, buf
+    ws = torch.zeros(T, WS_WIDTH, dtype=torch.int32, device=device)
+    return ws, _boundary_buffer(T, L, device)
+
+
+def _boundary_buffer(T, L, device):
+    import torch
+
+    return torch.empty(T, max(L, 1), dtype=torch.int32, device=device)
 
 
 def launch_split_select(logits, out, topk, cfg, ws=None):
@@ -458,7 +462,7 @@ def launch_split_select(logits, out, topk, cfg, ws=None):
         if ws.dtype != torch.int32 or tuple(ws.shape) != (T, WS_WIDTH) or ws.stride(1) != 1:
             raise ValueError(f"ws: expected a zeroed int32 tensor [{T}, {WS_WIDTH}] with a unit last stride, got "
                              f"{ws.dtype} {tuple(ws.shape)} strides {ws.stride()}")
-        buf = torch.empty(T, max(L, 1), dtype=torch.int32, device=logits.device)
+        buf = _boundary_buffer(T, L, logits.device)
     grid = (T * n_chunks,)
     if cfg.bound and n_chunks >= cfg.bound_min_chunks:
         _launch_bound(grid, (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks),
