@@ -539,6 +539,43 @@ def test_targets():
     assert text.splitlines()[-1].startswith("9 PASS, 3 FAIL, 4 n/a")
 
 
+def test_targets_flag_a_limit_below_the_memory_floor():
+    """A limit whose allowed time would need more than the measured read bandwidth is flagged (status unchanged)."""
+    doc = _doc([
+        # 604 MB of unique rows; page1 0.35 ms -> 0.33 x 0.35 = 0.1155 ms -> 5.2 TB/s > 4.4 TB/s read ceiling
+        dict(_c("decode", 16, 256, "bf16", ours=_m(0.19), flashmla_bf16=_m(0.25), page1_triton=_m(0.35)),
+             unique_bytes=604_000_000),
+        # 152 MB; page1 0.6 ms -> 0.198 ms -> 0.77 TB/s: reachable
+        dict(_c("decode", 8, 64, "bf16", ours=_m(0.05), page1_triton=_m(0.6)), unique_bytes=152_000_000),
+    ])
+    doc["ceilings"]["read_gbps"] = 4400.0
+    rows = _rows(doc)
+    r = rows[("every case: ours / page1_triton", "decode h16 B=256 bf16")]
+    assert r["status"] == "FAIL" and r["below_memory_floor"]
+    assert r["needs_gbps"] == pytest.approx(604e6 / (0.33 * 0.35e-3) / 1e9)
+    assert "read ceiling 4400 GB/s" in r["note"]
+    r = rows[("every case: ours / page1_triton", "decode h8 B=64 bf16")]
+    assert r["status"] == "PASS" and not r["below_memory_floor"] and "memory floor" not in r["note"]
+    assert not rows[("decode h16 B=256 bf16: ours / flashmla_bf16", "decode h16 B=256 bf16")]["below_memory_floor"]
+    text = bench.targets_text(doc)
+    assert text.splitlines()[-1] == ("1 row(s) with a limit below the memory floor (cannot be met on this device): "
+                                     "every case / decode h16 B=256 bf16")
+    del doc["ceilings"]["read_gbps"]  # results without a read ceiling: nothing flagged
+    assert not any(r["below_memory_floor"] for r in bench.target_rows(doc))
+
+
+def test_read_sum_kernel_reads_every_word():
+    from triton_mla_sparse.kernels.readbw import read_sum
+
+    x = torch.randint(-1000, 1000, (3 * 4096 + 100,), dtype=torch.int32)  # a short last program, masked
+    parts = read_sum(x, block=256, iters=4)
+    assert parts.numel() == -(-x.numel() // 1024)
+    assert int(parts.sum()) == int(x.sum())
+    y = torch.randn(4096, dtype=torch.bfloat16)  # any dtype is read as int32 words
+    diff = int(read_sum(y, block=128, iters=2).sum()) - int(y.view(torch.int32).sum())
+    assert diff % 2**32 == 0  # the per-program sums wrap
+
+
 def _ic(phase, heads, ctx, **methods):
     rows = 64 if phase == "decode" else 4096
     name = f"indexer {phase} h{heads} {'B' if phase == 'decode' else 'T'}={rows} ctx{ctx // 1024}K"

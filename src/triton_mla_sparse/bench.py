@@ -1312,14 +1312,21 @@ def time_wall(fn, device=None) -> float:
 
 
 def measure_ceilings(device) -> dict:
-    """Device copy bandwidth (bytes read + written) and bf16 8192³ matmul rate, by do_bench medians."""
+    """Device copy bandwidth (bytes read + written), read-only bandwidth (a streaming read of 2 GiB) and the bf16
+    8192³ matmul rate, by do_bench medians."""
     from triton.testing import do_bench
 
     src = torch.ones(1 << 30, dtype=torch.bfloat16, device=device)  # 2 GiB
     dst = torch.empty_like(src)
     ms = float(do_bench(lambda: dst.copy_(src), return_mode="median"))
     copy_gbps = 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
-    del src, dst
+    del dst
+    # Read-only bandwidth (what a kernel that only gathers can reach): a streaming Triton read of the same 2 GiB.
+    from .kernels.readbw import read_sum
+
+    ms_rd = float(do_bench(lambda: read_sum(src), return_mode="median"))
+    read_gbps = src.numel() * src.element_size() / (ms_rd * 1e-3) / 1e9
+    del src
     n = 8192
     a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
@@ -1327,7 +1334,8 @@ def measure_ceilings(device) -> dict:
     tflops = 2 * n ** 3 / (ms_mm * 1e-3) / 1e12
     del a, b
     torch.cuda.empty_cache()
-    return {"copy_gbps": copy_gbps, "copy_ms_2GiB": ms, "bf16_tflops": tflops, "matmul_ms_8192": ms_mm}
+    return {"copy_gbps": copy_gbps, "copy_ms_2GiB": ms, "read_gbps": read_gbps, "read_ms_2GiB": ms_rd,
+            "bf16_tflops": tflops, "matmul_ms_8192": ms_mm}
 
 
 # ----------------------------------------------------------------------------------------------------- running
@@ -1544,6 +1552,7 @@ def format_table(results: list[dict], ceilings: dict | None = None) -> str:
                     lines.append(f"{'':<37} {'':<13} {'  variant ' + k[3:]:<44} {v:9.4f}")
     if ceilings:
         lines.append(f"ceilings: copy {_fmt(ceilings.get('copy_gbps'), '.0f')} GB/s (read + write), "
+                     f"read {_fmt(ceilings.get('read_gbps'), '.0f')} GB/s, "
                      f"bf16 matmul {_fmt(ceilings.get('bf16_tflops'), '.0f')} TFLOP/s; floor = max(unique bytes / "
                      f"copy bandwidth, FLOPs / matmul rate)")
     return "\n".join(lines)
@@ -1750,10 +1759,11 @@ def run_bench(*, quick=False, out=None, out_dir=DEFAULT_OUT_DIR, methods=METHOD_
     factories = method_factories(peers)
 
     if cuda:
-        log("measuring ceilings (2 GiB device copy, bf16 8192^3 matmul) ...")
+        log("measuring ceilings (2 GiB device copy and read, bf16 8192^3 matmul) ...")
         try:
             ceilings = measure_ceilings(device)
-            log(f"  copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['bf16_tflops']:.0f} TFLOP/s")
+            log(f"  copy {ceilings['copy_gbps']:.0f} GB/s, read {ceilings['read_gbps']:.0f} GB/s, "
+                f"bf16 matmul {ceilings['bf16_tflops']:.0f} TFLOP/s")
         except Exception as e:  # noqa: BLE001
             ceilings = {"copy_gbps": None, "bf16_tflops": None, "error": _short_exc(e)}
             log(f"  ceilings failed: {ceilings['error']}")
@@ -2070,6 +2080,16 @@ def _why_missing(c: dict | None, m: str) -> str:
     return f"{m}: no time"
 
 
+def _needs_gbps(c: dict | None, den_ms: float | None, limit: float) -> float | None:
+    """Bandwidth (GB/s of the case's unique bytes) that a time of ``limit`` × ``den_ms`` would need: every unique
+    byte is read at least once (the timed calls start with a flushed L2), so a limit that needs more than the
+    measured read ceiling is below the memory floor and cannot be met on that device."""
+    ub = (c or {}).get("unique_bytes")
+    if not ub or not den_ms:
+        return None
+    return ub / (limit * den_ms * 1e-3) / 1e9
+
+
 def target_rows(doc: dict) -> list[dict]:
     """One row per (target, case): ``ratio`` (do_bench ms), ``graph_ratio`` (decode, both graph-timed), ``limit``,
     ``goal``, ``status`` PASS / FAIL / n/a, ``goal_met``, ``note`` (which peer, or why n/a). The targets of a case
@@ -2117,8 +2137,16 @@ def target_rows(doc: dict) -> list[dict]:
             g = _ratio(num_g, den_g) if nc and _graph_timed(nc) else None
             eps = 1e-9  # a ratio equal to the limit passes, whatever the float rounding
             status = "n/a" if ratio is None else ("PASS" if ratio <= limit + eps else "FAIL")
+            needs = _needs_gbps(nc, den, limit) if nm == "ours" else None
+            read = (doc.get("ceilings") or {}).get("read_gbps")
+            below_floor = needs is not None and bool(read) and needs > read
+            if below_floor:
+                extra = (f"limit below the memory floor: {limit:.2f} x {den:.4f} ms means reading the case's unique "
+                         f"bytes at {needs:.0f} GB/s > the read ceiling {read:.0f} GB/s")
+                note = f"{note}; {extra}" if note else extra
             out.append({"target": label, "case": name, "ratio": ratio, "graph_ratio": g, "limit": limit, "goal": goal,
-                        "status": status, "goal_met": ratio is not None and ratio <= goal + eps, "note": note})
+                        "status": status, "goal_met": ratio is not None and ratio <= goal + eps, "note": note,
+                        "needs_gbps": needs, "below_memory_floor": below_floor})
     return out
 
 
@@ -2143,6 +2171,10 @@ def targets_text(doc: dict) -> str:
     n = {s: sum(r["status"] == s for r in rows) for s in ("PASS", "FAIL", "n/a")}
     lines.append(f"{n['PASS']} PASS, {n['FAIL']} FAIL, {n['n/a']} n/a; goal met on {sum(r['goal_met'] for r in rows)} "
                  f"of {len(rows)} rows")
+    below = [r for r in rows if r.get("below_memory_floor")]
+    if below:
+        lines.append(f"{len(below)} row(s) with a limit below the memory floor (cannot be met on this device): "
+                     + "; ".join(f"{r['target'].split(':')[0]} / {r['case']}" for r in below))
     return "\n".join(lines)
 
 
