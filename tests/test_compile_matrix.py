@@ -22,11 +22,6 @@ from triton_mla_sparse.capabilities import ARCHS
 from triton_mla_sparse.kernels.aot import indexer_matrix_entries, matrix_entries
 from triton_mla_sparse.kernels.configs import CACHE_CLASSES, HEAD_CLASSES, TABLE
 
-# Entries kept although ptxas spills them, because every spill-free alternative measured 1.6–2.3× slower on the
-# H200 (benchmarks/NOTES.md, "spill-free candidates"). Expected to spill (strict): when a kernel change removes the
-# spill, the test fails until the entry leaves this set.
-KNOWN_SPILLS = {("sm90", 64, "16bit"), ("sm90", 64, "fp8_ds_mla")}
-
 _results = {}
 
 
@@ -67,9 +62,7 @@ CASES = [(arch, *entry) for arch in ARCHS for entry in matrix_entries(arch)]
 
 
 @pytest.mark.parametrize("arch_name,hc,cc,fmt,kernel", [
-    pytest.param(*c, id=f"{c[0]}-{c[4]}-h{c[1]}-{c[3]}",
-                 marks=[pytest.mark.xfail(strict=True, reason="known spill, see KNOWN_SPILLS")]
-                 if (c[0], c[1], c[2]) in KNOWN_SPILLS else []) for c in CASES])
+    pytest.param(*c, id=f"{c[0]}-{c[4]}-h{c[1]}-{c[3]}") for c in CASES])
 def test_compile_matrix(arch_name, hc, cc, fmt, kernel):
     _check(ARCHS[arch_name], _result(arch_name, (hc, cc, fmt, kernel)))
 
