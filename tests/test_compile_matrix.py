@@ -6,7 +6,8 @@ Compiled on the CPU with ``triton.compile(..., target=GPUTarget(...))`` and the 
 (``triton_mla_sparse.kernels.aot``), in a subprocess per target because the rest of the suite runs Triton's
 interpreter. Each case asserts that it compiled, that its shared memory fits the architecture's budget and (NVIDIA,
 read from the cubin with the cuobjdump shipped in the triton wheel) that it has no stack frame or local memory,
-i.e. no register spills. Select with ``pytest -k compile_matrix``; ids name the target (``sm80`` … ``sm120``,
+i.e. no register spills, and that its assembly holds no trap instruction (Triton compiles a kernel it cannot lay
+out on a target to a bare trap). Select with ``pytest -k compile_matrix``; ids name the target (``sm80`` … ``sm120``,
 ``gfx942``, ``gfx950``).
 """
 
@@ -51,6 +52,7 @@ def _result(arch, key):
 
 def _check(arch, row):
     what = f"{arch.name} {row['kernel']} {row['config']}"
+    assert row["traps"] == 0, f"{what}: the build contains {row['traps']} trap instruction(s) (the compiler gave up)"
     assert row["shared_bytes"] <= arch.shared_bytes, \
         f"{what}: {row['shared_bytes']} B of shared memory > {arch.name}'s budget of {arch.shared_bytes} B"
     if arch.backend == "cuda":

@@ -1312,8 +1312,9 @@ def time_wall(fn, device=None) -> float:
 
 
 def measure_ceilings(device) -> dict:
-    """Device copy bandwidth (bytes read + written), read-only bandwidth (a streaming read of 2 GiB) and the bf16
-    8192³ matmul rate, by do_bench medians."""
+    """Device copy bandwidth (bytes read + written), read-only bandwidth (the best of a few configurations of a
+    streaming read of 2 GiB, :data:`READ_CONFIGS`) and the bf16 8192³ matmul rate, by do_bench medians. A failed read
+    measurement leaves ``read_gbps`` None (with ``read_error``), not the other ceilings."""
     from triton.testing import do_bench
 
     src = torch.ones(1 << 30, dtype=torch.bfloat16, device=device)  # 2 GiB
@@ -1321,11 +1322,8 @@ def measure_ceilings(device) -> dict:
     ms = float(do_bench(lambda: dst.copy_(src), return_mode="median"))
     copy_gbps = 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
     del dst
-    # Read-only bandwidth (what a kernel that only gathers can reach): a streaming Triton read of the same 2 GiB.
-    from .kernels.readbw import read_sum
-
-    ms_rd = float(do_bench(lambda: read_sum(src), return_mode="median"))
-    read_gbps = src.numel() * src.element_size() / (ms_rd * 1e-3) / 1e9
+    out = {"copy_gbps": copy_gbps, "copy_ms_2GiB": ms}
+    out.update(_measure_read(src, do_bench))
     del src
     n = 8192
     a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
@@ -1334,8 +1332,28 @@ def measure_ceilings(device) -> dict:
     tflops = 2 * n ** 3 / (ms_mm * 1e-3) / 1e12
     del a, b
     torch.cuda.empty_cache()
-    return {"copy_gbps": copy_gbps, "copy_ms_2GiB": ms, "read_gbps": read_gbps, "read_ms_2GiB": ms_rd,
-            "bf16_tflops": tflops, "matmul_ms_8192": ms_mm}
+    out.update(bf16_tflops=tflops, matmul_ms_8192=ms_mm)
+    return out
+
+
+READ_CONFIGS = ((4096, 16, 8), (8192, 8, 16), (2048, 32, 4), (16384, 4, 16))  # (block, iters, warps) of read_sum
+
+
+def _measure_read(src, do_bench) -> dict:
+    """Read-only bandwidth of ``src``: the fastest of :data:`READ_CONFIGS` (a lower bound on what the device can
+    read; a kernel that only gathers cannot beat the device's true read bandwidth)."""
+    try:
+        from .kernels.readbw import read_sum
+
+        best = None
+        for block, iters, warps in READ_CONFIGS:
+            ms = float(do_bench(lambda: read_sum(src, block, iters, warps), return_mode="median"))
+            if best is None or ms < best[0]:
+                best = (ms, f"block {block} x {iters}, {warps} warps")
+        gbps = src.numel() * src.element_size() / (best[0] * 1e-3) / 1e9
+        return {"read_gbps": gbps, "read_ms_2GiB": best[0], "read_config": best[1]}
+    except Exception as e:  # noqa: BLE001 - the other ceilings stay usable
+        return {"read_gbps": None, "read_error": _short_exc(e)}
 
 
 # ----------------------------------------------------------------------------------------------------- running
@@ -1762,7 +1780,7 @@ def run_bench(*, quick=False, out=None, out_dir=DEFAULT_OUT_DIR, methods=METHOD_
         log("measuring ceilings (2 GiB device copy and read, bf16 8192^3 matmul) ...")
         try:
             ceilings = measure_ceilings(device)
-            log(f"  copy {ceilings['copy_gbps']:.0f} GB/s, read {ceilings['read_gbps']:.0f} GB/s, "
+            log(f"  copy {ceilings['copy_gbps']:.0f} GB/s, read {_fmt(ceilings.get('read_gbps'), '.0f')} GB/s, "
                 f"bf16 matmul {ceilings['bf16_tflops']:.0f} TFLOP/s")
         except Exception as e:  # noqa: BLE001
             ceilings = {"copy_gbps": None, "bf16_tflops": None, "error": _short_exc(e)}
@@ -2081,9 +2099,10 @@ def _why_missing(c: dict | None, m: str) -> str:
 
 
 def _needs_gbps(c: dict | None, den_ms: float | None, limit: float) -> float | None:
-    """Bandwidth (GB/s of the case's unique bytes) that a time of ``limit`` × ``den_ms`` would need: every unique
-    byte is read at least once (the timed calls start with a flushed L2), so a limit that needs more than the
-    measured read ceiling is below the memory floor and cannot be met on that device."""
+    """Bandwidth (GB/s of the case's unique bytes) that a time of ``limit`` × ``den_ms`` would need. The timed calls
+    start with a flushed L2, so every unique byte moves through HBM at least once: a limit that needs more than the
+    read ceiling measured in the run asks for more than any kernel was seen to read on that device (and where it
+    needs more than the device's nominal bandwidth, more than it can)."""
     ub = (c or {}).get("unique_bytes")
     if not ub or not den_ms:
         return None
@@ -2137,16 +2156,16 @@ def target_rows(doc: dict) -> list[dict]:
             g = _ratio(num_g, den_g) if nc and _graph_timed(nc) else None
             eps = 1e-9  # a ratio equal to the limit passes, whatever the float rounding
             status = "n/a" if ratio is None else ("PASS" if ratio <= limit + eps else "FAIL")
-            needs = _needs_gbps(nc, den, limit) if nm == "ours" else None
+            needs = _needs_gbps(nc, den, limit) if nm.startswith("ours") else None  # our methods read all
             read = (doc.get("ceilings") or {}).get("read_gbps")
-            below_floor = needs is not None and bool(read) and needs > read
-            if below_floor:
-                extra = (f"limit below the memory floor: {limit:.2f} x {den:.4f} ms means reading the case's unique "
-                         f"bytes at {needs:.0f} GB/s > the read ceiling {read:.0f} GB/s")
+            over = needs is not None and bool(read) and needs > read
+            if over:
+                extra = (f"limit over the read ceiling: {limit:.2f} x {den:.4f} ms means moving the case's unique "
+                         f"bytes at {needs:.0f} GB/s > {read:.0f} GB/s, the best read measured in the run")
                 note = f"{note}; {extra}" if note else extra
             out.append({"target": label, "case": name, "ratio": ratio, "graph_ratio": g, "limit": limit, "goal": goal,
                         "status": status, "goal_met": ratio is not None and ratio <= goal + eps, "note": note,
-                        "needs_gbps": needs, "below_memory_floor": below_floor})
+                        "needs_gbps": needs, "over_read_ceiling": over})
     return out
 
 
@@ -2171,10 +2190,10 @@ def targets_text(doc: dict) -> str:
     n = {s: sum(r["status"] == s for r in rows) for s in ("PASS", "FAIL", "n/a")}
     lines.append(f"{n['PASS']} PASS, {n['FAIL']} FAIL, {n['n/a']} n/a; goal met on {sum(r['goal_met'] for r in rows)} "
                  f"of {len(rows)} rows")
-    below = [r for r in rows if r.get("below_memory_floor")]
-    if below:
-        lines.append(f"{len(below)} row(s) with a limit below the memory floor (cannot be met on this device): "
-                     + "; ".join(f"{r['target'].split(':')[0]} / {r['case']}" for r in below))
+    over = [r for r in rows if r.get("over_read_ceiling")]
+    if over:
+        lines.append(f"{len(over)} row(s) whose limit needs more bandwidth than the read ceiling of the run: "
+                     + "; ".join(f"{r['target'].split(':')[0]} / {r['case']}" for r in over))
     return "\n".join(lines)
 
 

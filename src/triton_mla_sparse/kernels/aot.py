@@ -40,6 +40,7 @@ class CompileReport:
     registers: int | None  # NVIDIA only
     stack_bytes: int | None  # NVIDIA: stack frame (register spills land here)
     local_bytes: int | None
+    traps: int = 0  # trap instructions in the assembly: a build the compiler gave up on compiles to a trap
 
     @property
     def spills(self) -> bool:
@@ -158,8 +159,9 @@ def _cuobjdump() -> str:
 def report(arch, compiled) -> CompileReport:
     """Shared memory from Triton's metadata; registers, stack frame and local memory from the cubin."""
     shared = int(compiled.metadata.shared)
+    traps = count_traps(arch, compiled)
     if arch.backend != "cuda":
-        return CompileReport(arch.name, shared, None, None, None)
+        return CompileReport(arch.name, shared, None, None, None, traps)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(compiled.asm["cubin"])
         path = f.name
@@ -168,8 +170,20 @@ def report(arch, compiled) -> CompileReport:
                              check=True).stdout
     finally:
         os.unlink(path)
-    fields = dict(re.findall(r"\b(REG|STACK|LOCAL):(\d+)", out))
-    return CompileReport(arch.name, shared, int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"]))
+    fields = {}  # the largest value over the cubin's functions (one per kernel today)
+    for key, val in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", out):
+        fields[key] = max(int(val), fields.get(key, 0))
+    return CompileReport(arch.name, shared, int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"]), traps)
+
+
+def count_traps(arch, compiled) -> int:
+    """Trap instructions in the build's assembly (PTX ``trap;``, AMDGCN ``s_trap``). None of our kernels asks for
+    one; Triton emits a bare trap as the whole kernel body when it cannot lay a kernel out on the target (seen: the
+    64-head attention block on sm100 with triton 3.9, whose accumulators need more than the 512 tensor-memory
+    columns) — such a build compiles, fits and does not spill, and would stop the GPU at its first launch."""
+    if arch.backend == "cuda":
+        return len(re.findall(r"^\s*(?:@%p\d+\s+)?trap;", compiled.asm["ptx"], flags=re.M))
+    return len(re.findall(r"^\s*s_trap\b", compiled.asm.get("amdgcn", ""), flags=re.M))
 
 
 MATRIX_FORMATS = {"16bit": ("bf16",), "fp8_e4m3": ("fp8_e4m3",), "fp8_ds_mla": ("fp8_ds_mla",)}

@@ -26,7 +26,7 @@ def read_sum(x, block: int = 4096, iters: int = 16, num_warps: int = 8):
     returns the int32 vector of partial sums (their sum is the sum of the words, modulo 2^32)."""
     import torch
 
-    w = x.reshape(-1).view(torch.int32)
+    w = x.view(-1).view(torch.int32)  # view: a non-contiguous x is an error, not a silent copy
     progs = triton.cdiv(w.numel(), block * iters)
     out = torch.empty(progs, dtype=torch.int32, device=x.device)
     _read_sum_kernel[(progs,)](w, out, w.numel(), BLOCK=block, ITERS=iters, num_warps=num_warps)
