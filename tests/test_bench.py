@@ -807,3 +807,31 @@ def test_windows_are_taken_in_turn_and_the_lowest_is_the_figure():
     assert t["ms_windows"] == [3.0, 1.0, 2.0] and t["ms"] == 1.0
     assert o["ms_windows"] == [4.0, 5.0, 2.0] and o["ms"] == 2.0
     assert math.isclose(o["tflops"], case.flops / 2e-3 / 1e12)
+
+
+def test_measure_read_takes_the_best_configuration_and_survives_failures(monkeypatch):
+    from triton_mla_sparse.kernels import readbw
+
+    calls = []
+    monkeypatch.setattr(readbw, "read_sum", lambda x, block, iters, warps: calls.append((block, iters, warps)))
+    times = {c: t for c, t in zip(bench.READ_CONFIGS, (0.6, 0.5, 0.7, 0.55))}
+
+    def fake_do_bench(fn, return_mode):
+        fn()
+        if calls[-1] == bench.READ_CONFIGS[2]:
+            raise RuntimeError("out of resources")
+        return times[calls[-1]]
+
+    src = torch.empty(1 << 20, dtype=torch.bfloat16)
+    out = bench._measure_read(src, fake_do_bench)
+    assert calls == list(bench.READ_CONFIGS)
+    b, i, w = bench.READ_CONFIGS[1]
+    assert out["read_ms_2GiB"] == 0.5 and out["read_config"] == f"block {b} x {i}, {w} warps"
+    assert out["read_gbps"] == pytest.approx(src.numel() * 2 / 0.5e-3 / 1e9)
+    assert len(out["read_errors"]) == 1 and "out of resources" in out["read_errors"][0]
+
+    def failing(fn, return_mode):
+        raise RuntimeError("no GPU")
+
+    out = bench._measure_read(src, failing)
+    assert out["read_gbps"] is None and len(out["read_errors"]) == len(bench.READ_CONFIGS)

@@ -84,3 +84,28 @@ def test_compile_matrix_indexer(arch_name, hi, qf, kf, kernel):
 def test_compile_matrix_table_covers_every_arch_and_class():
     for arch in ARCHS:
         assert set(TABLE[arch]) == {(h, c) for h in HEAD_CLASSES for c in CACHE_CLASSES}, arch
+
+
+def test_compile_matrix_sees_a_trap_build():
+    """Canary for the trap check: sm100's 64-head attention block (what the table picked before) needs more tensor
+    memory than the target has; Triton builds it as a bare trap, which the matrix must count."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("from triton_mla_sparse.capabilities import ARCHS\n"
+            "from triton_mla_sparse.kernels import aot\n"
+            "from triton_mla_sparse.kernels.configs import AttentionConfig\n"
+            "arch = ARCHS['sm100']\n"
+            "cfg = AttentionConfig(kernel='prefill', block_h=64, block_n=64, num_splits=1, split_len=2048,"
+            " num_warps=8, num_stages=2)\n"
+            "r = aot.report(arch, aot.compile_attention(arch, cfg, kv_format='bf16', split=False))\n"
+            "print('TRAPS', r.traps, r.registers, r.stack_bytes)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("TRAPS")]
+    assert line, proc.stderr[-2000:]
+    assert int(line[0].split()[1]) >= 1, line[0]
+
+
+def test_table_entries_respect_max_block_h():
+    from triton_mla_sparse.kernels.configs import MAX_BLOCK_H
+
+    for arch, limit in MAX_BLOCK_H.items():
+        assert all(launch.block_h <= limit for launch in TABLE[arch].values()), arch

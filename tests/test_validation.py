@@ -307,3 +307,19 @@ def test_reference_at_the_limits():
     q = torch.randn(1, 128, 576).half()
     out, lse = reference.sparse_mla_attention(q, d["kv_cache"], idx, 0.1, return_lse=True)
     assert out.shape == (1, 128, 512) and torch.isfinite(out).all() and torch.isfinite(lse).all()
+
+
+def test_head_block_too_large_for_the_target_is_refused(monkeypatch):
+    """sm100 cannot build a 64-head block (tensor memory): an override asking for one fails up front, by name."""
+    import torch
+
+    from triton_mla_sparse.capabilities import ARCHS
+    from triton_mla_sparse.kernels import configs
+
+    monkeypatch.setattr(configs, "interpreting", lambda: False)
+    with pytest.raises(ValueError, match="block_h: at most 32 on sm100"):
+        configs.choose_config(64, 128, 2048, torch.device("cpu"), "prefill", arch=ARCHS["sm100"], block_h=64)
+    cfg = configs.choose_config(64, 128, 2048, torch.device("cpu"), "prefill", arch=ARCHS["sm90"], block_h=64,
+                                block_n=64)
+    assert (cfg.block_h, cfg.block_n) == (64, 64)
+    assert configs.choose_config(64, 128, 2048, torch.device("cpu"), "prefill", arch=ARCHS["sm100"]).block_h == 32

@@ -17,6 +17,8 @@ import torch
 from ._env import DEV, GPU_TIER, INT32_MAX, INT32_MIN, ON_CPU, QD, gpu_only  # first: may switch on the interpreter
 from triton_mla_sparse import quantize_fp8_ds_mla, reference, sparse_mla_attention, topk_to_slots
 from triton_mla_sparse.api import sparse_mla_attention_with_config
+from triton_mla_sparse.capabilities import arch_for_device
+from triton_mla_sparse.kernels.configs import MAX_BLOCK_H
 from triton_mla_sparse.bench import random_block_table, random_topk_positions, rel_err
 
 pytestmark = GPU_TIER
@@ -164,7 +166,8 @@ def test_matrix(pool, heads, rows, fmt):
     (8, 64, "fp8_ds_mla_fp32", "decode", {"num_splits": 7}),
     (128, 1, "bf16", "decode", {"num_splits": 32, "block_n": 64}),
     (64, 64, "fp16", "decode", {"num_splits": 3}),
-    # the 64-head block that the sm90/sm100 tables no longer pick (spills / tensor-memory overflow): still reachable
+    # the 64-head block that the sm90 table no longer picks (it spills): still reachable there; refused where it
+    # cannot be built (sm100: tensor memory)
     (128, 64, "bf16", "prefill", {"block_h": 64, "block_n": 64}),
     (64, 64, "fp8_ds_mla_pow2", "decode", {"block_h": 64, "block_n": 64, "num_splits": 4}),
 ])
@@ -174,6 +177,11 @@ def test_forced_kernel(pool, heads, rows, fmt, kernel, overrides):
     c = pool.caches[fmt]
     q = make_q(T, heads, c.q_dtype)
     idx = make_indices(pool, T)
+    arch = arch_for_device(torch.device(DEV))
+    if arch is not None and overrides.get("block_h", 0) > MAX_BLOCK_H.get(arch.name, 64):
+        with pytest.raises(ValueError, match="block_h"):
+            run(q, c, idx, kernel=kernel, **overrides)
+        return
     out, lse, cfg = run(q, c, idx, kernel=kernel, **overrides)
     assert cfg.kernel == kernel
     # every override is taken as given (on the interpreter's short lists a split count can shrink to fit)

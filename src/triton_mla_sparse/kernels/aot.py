@@ -182,7 +182,7 @@ def count_traps(arch, compiled) -> int:
     64-head attention block on sm100 with triton 3.9, whose accumulators need more than the 512 tensor-memory
     columns) — such a build compiles, fits and does not spill, and would stop the GPU at its first launch."""
     if arch.backend == "cuda":
-        return len(re.findall(r"^\s*(?:@%p\d+\s+)?trap;", compiled.asm["ptx"], flags=re.M))
+        return len(re.findall(r"^\s*(?:@!?%p\d+\s+)?trap;", compiled.asm["ptx"], flags=re.M))
     return len(re.findall(r"^\s*s_trap\b", compiled.asm.get("amdgcn", ""), flags=re.M))
 
 

@@ -47,7 +47,7 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         # spills on sm90 (255 registers + 360 B of stack bf16, 440 B fp8_ds_mla), which the compile matrix forbids.
         # Spill-free entries measured on the H200 (benchmarks/NOTES.md, session 5): bf16 bh32 bn128 w8 decode h128
         # 0.247 ms vs 0.229, prefill h64 6.77 vs 5.61; fp8_ds_mla bh32 bn64 w8 0.476 vs 0.239, 13.2 vs 6.0 ms.
-        # The 64-head block stays reachable with the overrides block_h=64, block_n=64.
+        # The 64-head block stays reachable on sm90 with the overrides block_h=64, block_n=64.
         (64, "16bit"): _L(32, 128, 8, 2, 1),
         (16, "fp8_ds_mla"): _L(16, 32, 4, 2, 2),
         (32, "fp8_ds_mla"): _L(32, 64, 8, 2, 1),
@@ -101,6 +101,9 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         (64, "fp8_ds_mla"): _L(64, 32, 8, 2, 1),
     },
 }
+# Head blocks a target cannot build: on sm100 a 64-head block's accumulators need 576 of the 512 tensor-memory columns
+# (triton 3.9 compiles it to a bare trap, 3.6 asks 451 KB of shared memory).
+MAX_BLOCK_H = {"sm100": 32}
 TABLE["sm89"] = TABLE["sm86"]
 TABLE["sm120"] = TABLE["sm86"]
 TABLE["gfx950"] = TABLE["gfx942"]
@@ -195,6 +198,9 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
         sw_fp8 = use_sw_fp8(arch, kv_format)
     block_h = overrides.pop("block_h", launch.block_h)
     block_n = overrides.pop("block_n", launch.block_n)
+    if arch is not None and not interpreting() and block_h > MAX_BLOCK_H.get(arch.name, 64):
+        raise ValueError(f"block_h: at most {MAX_BLOCK_H[arch.name]} on {arch.name}, got {block_h} (a larger head block "
+                         f"does not fit the architecture; Triton builds it as a trap)")
     n_hb = -(-H // block_h)
     slots = multiprocessor_count(device) * launch.programs_per_sm
     n_blocks = -(-topk // block_n)
