@@ -16,15 +16,23 @@ from triton_mla_sparse._checks import check_attention_inputs
 from triton_mla_sparse.kernels.attention import launch_sparse_mla
 
 
-def per_call_us(fn, n=400):
-    for _ in range(20):
+def _timed_loop(fn, n, warmup):
+    """(host µs per call when the loop's last call returns, wall µs per call after the GPU drained), after
+    ``warmup`` calls and a synchronisation."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(n):
         fn()
+    host = (time.perf_counter() - t) / n * 1e6
     torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
+    return host, (time.perf_counter() - t) / n * 1e6
+
+
+def per_call_us(fn, n=400):
+    """Wall time per call of ``fn`` over a long loop (host-bound for small problems)."""
+    return _timed_loop(fn, n, warmup=20)[1]
 
 
 def indexer_rows():
@@ -92,16 +100,7 @@ def indexer_rows():
 def enqueue_us(fn, n=12):
     """Host time per call of ``fn`` while the GPU is still busy with earlier calls (the queue never drains, so
     this is the host's enqueue time, not the GPU's)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    gpu = (time.perf_counter() - t) / n * 1e6
-    return host, gpu
+    return _timed_loop(fn, n, warmup=3)
 
 
 def indexer_real_sizes():

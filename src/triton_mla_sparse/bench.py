@@ -1347,13 +1347,14 @@ def _measure_read(src, do_bench) -> dict:
 
     best, errors = None, []
     for block, iters, warps in READ_CONFIGS:
+        label = f"block {block} x {iters}, {warps} warps"
         try:
             ms = float(do_bench(lambda: read_sum(src, block, iters, warps), return_mode="median"))
         except Exception as e:  # noqa: BLE001 - the other configurations and ceilings stay usable
-            errors.append(f"block {block} x {iters}, {warps} warps: {_short_exc(e)}")
+            errors.append(f"{label}: {_short_exc(e)}")
             continue
         if best is None or ms < best[0]:
-            best = (ms, f"block {block} x {iters}, {warps} warps")
+            best = (ms, label)
     out = {"read_errors": errors} if errors else {}
     if best is None:
         return dict(out, read_gbps=None)
