@@ -161,3 +161,47 @@ def test_dequantize_rejects(bad):
     with pytest.raises(ValueError) as e:
         tms.dequantize_fp8_ds_mla(bad)
     assert "packed" in str(e.value)
+
+
+# ----- vLLM's fp8 indexer cache
+
+def test_indexer_cache_layout_and_round_trip():
+    from triton_mla_sparse.formats import (INDEXER_ROW_BYTES, dequantize_indexer_cache, quantize_indexer_cache,
+                                           unpack_indexer_cache)
+
+    values = torch.randn(3, 16, 128) * torch.empty(3, 16, 1).uniform_(0.1, 10.0)
+    values[1, 5] = 0.0  # an all-zero token stays exactly zero
+    cache = quantize_indexer_cache(values)
+    assert cache.dtype == torch.uint8 and cache.shape == (3, 16 * INDEXER_ROW_BYTES)
+    vals, scales = unpack_indexer_cache(cache)
+    # Per block: the 16 x 128 e4m3 values token-major, then 16 float32 scales = amax / 448.
+    assert torch.equal(cache[:, :16 * 128].reshape(3, 16, 128), vals.view(torch.uint8))
+    assert torch.equal(cache[:, 16 * 128:].contiguous().view(torch.float32), scales)
+    expect = (values.abs().amax(-1) / 448.0).clamp_min(1e-8)
+    assert torch.equal(scales, expect)
+    back = dequantize_indexer_cache(cache)
+    assert (back[1, 5] == 0).all()
+    assert ((back - values).norm() / values.norm()).item() < 0.04
+    # vLLM's [num_blocks, block_size, 1, 132] view of the same bytes, and a wider block stride, read the same.
+    assert torch.equal(dequantize_indexer_cache(cache.view(3, 16, 1, INDEXER_ROW_BYTES)), back)
+    wide = torch.full((3, 16 * INDEXER_ROW_BYTES + 64), 0xFF, dtype=torch.uint8)
+    wide[:, :16 * INDEXER_ROW_BYTES] = cache
+    assert torch.equal(dequantize_indexer_cache(wide[:, :16 * INDEXER_ROW_BYTES]), back)
+
+
+@pytest.mark.parametrize("bad", [torch.randn(4, 128), torch.randn(2, 4, 64), torch.zeros(2, 4, 128, dtype=torch.int8),
+                                 "x"])
+def test_quantize_indexer_cache_rejects(bad):
+    from triton_mla_sparse.formats import quantize_indexer_cache
+
+    with pytest.raises(ValueError, match="values"):
+        quantize_indexer_cache(bad)
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(2, 131, dtype=torch.uint8), torch.zeros(2, 132, dtype=torch.int8),
+                                 torch.zeros(2, 4, 2, 132, dtype=torch.uint8), torch.zeros(132, dtype=torch.uint8)])
+def test_unpack_indexer_cache_rejects(bad):
+    from triton_mla_sparse.formats import dequantize_indexer_cache
+
+    with pytest.raises(ValueError, match="cache"):
+        dequantize_indexer_cache(bad)

@@ -12,6 +12,10 @@ format      torch dtype / row      layout of one row
 ``fp8_ds_mla`` uint8 × 656         bytes 0–511: 512 e4m3 latent values; 512–527: four float32 scales, scale i
                                    covers latent values [128·i, 128·i + 128); 528–655: 64 bfloat16 rope values
 ========== ====================== ==============================================================================
+
+The DSA indexer reads its own cache, vLLM's fp8 indexer layout: per block of ``block_size`` tokens, the
+``block_size · 128`` e4m3 key values (token-major) followed by ``block_size`` float32 scales (``amax / 448`` per
+token), ``INDEXER_ROW_BYTES = 132`` bytes per token in all (:func:`quantize_indexer_cache`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ FP8_DS_MLA_TILE = 128
 FP8_DS_MLA_TILES = D_V // FP8_DS_MLA_TILE
 FP8_DS_MLA_BYTES = D_V + 4 * FP8_DS_MLA_TILES + 2 * D_ROPE  # 656
 FP8_E4M3_MAX = 448.0
+D_INDEX = 128  # indexer key/query width
+INDEXER_ROW_BYTES = D_INDEX + 4  # e4m3 values + one float32 scale per token
 
 KV_FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
 KV_FORMAT_DTYPES = {
@@ -104,6 +110,55 @@ def dequantize_fp8_ds_mla(packed: torch.Tensor) -> torch.Tensor:
     """Unpack ``fp8_ds_mla`` rows to bfloat16 ``[..., 576]``: latent = e4m3 · scale (rounded once to bf16), rope as
     stored."""
     return dequantize_fp8_ds_mla_float(packed, torch.float32).to(torch.bfloat16)
+
+
+def quantize_indexer_cache(values: torch.Tensor) -> torch.Tensor:
+    """Pack indexer keys ``values [num_blocks, block_size, 128]`` (any float dtype) into vLLM's fp8 indexer cache,
+    uint8 ``[num_blocks, block_size · 132]``: per block the ``block_size · 128`` e4m3 values (token-major), then
+    ``block_size`` float32 scales, ``scale = amax / 448`` per token as vLLM's indexer cache writer makes them (at
+    least 1e-8, so an all-zero token stays exactly zero). Returns the cache on values' device."""
+    if not isinstance(values, torch.Tensor) or not values.is_floating_point():
+        raise ValueError(f"values: expected a floating-point tensor [num_blocks, block_size, {D_INDEX}], "
+                         f"got {_describe(values)}")
+    if values.dim() != 3 or values.shape[-1] != D_INDEX:
+        raise ValueError(f"values: expected shape [num_blocks, block_size, {D_INDEX}], got {tuple(values.shape)}")
+    nb, bs, _ = values.shape
+    scale = (values.float().abs().amax(-1) / FP8_E4M3_MAX).clamp_min(1e-8)  # [nb, bs]
+    q8 = (values.float() / scale[..., None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    buf = torch.empty(nb, bs * INDEXER_ROW_BYTES, dtype=torch.uint8, device=values.device)
+    buf[:, :bs * D_INDEX] = q8.view(torch.uint8).reshape(nb, bs * D_INDEX)
+    buf[:, bs * D_INDEX:] = scale.contiguous().view(torch.uint8).reshape(nb, bs * 4)
+    return buf
+
+
+def unpack_indexer_cache(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split vLLM's fp8 indexer cache (uint8 ``[num_blocks, block_size · 132]``, or its ``[num_blocks,
+    block_size, 1, 132]`` view) into (e4m3 values ``[num_blocks, block_size, 128]``, float32 scales ``[num_blocks,
+    block_size]``). Any block stride."""
+    if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8 or cache.dim() not in (2, 4):
+        raise ValueError(f"cache: expected uint8 [num_blocks, block_size * {INDEXER_ROW_BYTES}] or [num_blocks, "
+                         f"block_size, 1, {INDEXER_ROW_BYTES}], got {_describe(cache)}")
+    if cache.dim() == 4:
+        if cache.shape[2] != 1 or cache.shape[3] != INDEXER_ROW_BYTES:
+            raise ValueError(f"cache: expected a [num_blocks, block_size, 1, {INDEXER_ROW_BYTES}] view, got shape "
+                             f"{tuple(cache.shape)}")
+        nb, bs = cache.shape[0], cache.shape[1]
+        blocks = torch.as_strided(cache, (nb, bs * INDEXER_ROW_BYTES), (cache.stride(0), 1))
+    else:
+        nb, width = cache.shape
+        if width % INDEXER_ROW_BYTES or cache.stride(1) != 1:
+            raise ValueError(f"cache: expected a unit-stride last dimension that is a multiple of "
+                             f"{INDEXER_ROW_BYTES}, got shape {tuple(cache.shape)} stride {tuple(cache.stride())}")
+        bs, blocks = width // INDEXER_ROW_BYTES, cache
+    vals = blocks[:, :bs * D_INDEX].contiguous().view(torch.float8_e4m3fn).reshape(nb, bs, D_INDEX)
+    scales = blocks[:, bs * D_INDEX:].contiguous().view(torch.float32).reshape(nb, bs)
+    return vals, scales
+
+
+def dequantize_indexer_cache(cache: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`quantize_indexer_cache`: float32 ``[num_blocks, block_size, 128]`` = e4m3 · scale."""
+    vals, scales = unpack_indexer_cache(cache)
+    return vals.float() * scales[..., None]
 
 
 def _describe(x) -> str:

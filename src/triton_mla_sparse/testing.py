@@ -1,0 +1,323 @@
+"""Test fixtures shared by the tests, the benchmark, ``check`` and ``demo``: one copy of each.
+
+* paged layouts: :func:`random_block_table`, :func:`place` (the cache tensor layouts the API accepts);
+* slot lists: :func:`random_topk_positions` (distinct, optionally causal), turned into slots by
+  :func:`triton_mla_sparse.topk_to_slots`;
+* cache encoders: :func:`encode_cache` for every attention format, :func:`triton_mla_sparse.formats.
+  quantize_indexer_cache` for vLLM's fp8 indexer cache and :func:`quantize_indexer_q` for its e4m3 queries;
+* whole problems: :func:`sparse_mla_inputs` (paged decode or prefill attention) and :func:`indexer_inputs`;
+* comparisons: :func:`rel_err` and :func:`assert_close` (identical inf/NaN positions first), :func:`nan_filled`
+  for outputs that must be overwritten.
+
+Everything here is plain torch (no triton import, no CUDA until a tensor is made on a GPU).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .formats import D_INDEX, D_QK, FP8_E4M3_MAX, quantize_fp8_ds_mla, quantize_indexer_cache
+
+__all__ = [
+    "DSV32_SOFTMAX_SCALE",
+    "GLM5_SOFTMAX_SCALE",
+    "LAYOUTS",
+    "IndexerInputs",
+    "SparseMLAInputs",
+    "assert_close",
+    "encode_cache",
+    "indexer_inputs",
+    "kv_values",
+    "nan_filled",
+    "place",
+    "quantize_indexer_q",
+    "random_block_table",
+    "random_topk_positions",
+    "rel_err",
+    "sparse_mla_inputs",
+    "take_rows",
+]
+
+GLM5_SOFTMAX_SCALE = 256 ** -0.5  # GLM-5: softmax scale of its 256-wide qk heads before absorption
+DSV32_SOFTMAX_SCALE = 192 ** -0.5  # DeepSeek-V3.2: 192-wide qk heads
+TILE_GAIN = (1.0, 0.25, 2.0, 0.5)  # magnitude of each 128-wide latent tile: a wrong fp8_ds_mla tile scale shows
+
+
+# ----------------------------------------------------------------------------------------------- paged layouts
+
+def random_block_table(num_requests: int, blocks_per_request: int, device: torch.device | str, *,
+                       pool_blocks: int | None = None) -> torch.Tensor:
+    """int32 ``[num_requests, blocks_per_request]``: each request's blocks taken in turn from a random permutation of
+    a pool of ``pool_blocks`` (default: exactly enough) blocks, so a request's pages are scattered over the pool."""
+    need = num_requests * blocks_per_request
+    pool = need if pool_blocks is None else pool_blocks
+    if pool < need:
+        raise ValueError(f"pool_blocks: expected at least {need}, got {pool}")
+    perm = torch.randperm(pool, device=device)[:need]
+    return perm.view(num_requests, blocks_per_request).to(torch.int32)
+
+
+def nan_filled(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A tensor whose every element is NaN: all bytes 0xFF (for uint8 caches that makes NaN scales, e4m3 and bf16
+    values too), so a kernel that leaves an element unwritten, or reads a byte it should not, shows."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    *lead, last = shape
+    return torch.full((*lead, last * esize), 0xFF, dtype=torch.uint8, device=device).view(dtype)
+
+
+LAYOUTS = ("3d", "4d", "flat", "padded", "flat_padded")
+
+
+def place(stored: torch.Tensor, layout: str) -> torch.Tensor:
+    """Put stored rows ``[nb, bs, row]`` into a cache tensor of the given layout, on stored's device.
+
+    "3d" ``[nb, bs, row]`` contiguous; "4d" ``[nb, bs, 1, row]``; "flat" ``[nb·bs, row]``; "padded": a ``[nb, bs,
+    row]`` view of a NaN-filled buffer with 3 spare rows per block, 16 spare elements per row and one spare leading
+    block (block stride > block_size · row, row stride > row, non-zero storage offset); "flat_padded": a ``[nb·bs,
+    row]`` view with spare elements per row and a spare leading row. Slot ids are the same in every layout.
+    """
+    nb, bs, row = stored.shape
+    if layout == "3d":
+        return stored.contiguous()
+    if layout == "4d":
+        return stored.contiguous().unsqueeze(2)
+    if layout == "flat":
+        return stored.reshape(nb * bs, row).contiguous()
+    if layout == "padded":
+        view = nan_filled((nb + 1, bs + 3, row + 16), stored.dtype, stored.device)[1:, :bs, :row]
+        view.copy_(stored)
+        return view
+    if layout == "flat_padded":
+        view = nan_filled((nb * bs + 1, row + 16), stored.dtype, stored.device)[1:, :row]
+        view.copy_(stored.reshape(nb * bs, row))
+        return view
+    raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+
+
+# ----------------------------------------------------------------------------------------------- slot lists
+
+def random_topk_positions(rows: int, ctx: int, topk: int, device: torch.device | str, *,
+                          row_positions: torch.Tensor | None = None, chunk: int = 1024) -> torch.Tensor:
+    """int32 ``[rows, topk]`` distinct request-local positions per row, in random order. With ``row_positions``
+    (the position of each query row) a row only picks positions ``<= row_positions[t]`` (causal; a row must see at
+    least ``topk`` tokens)."""
+    if topk > ctx:
+        raise ValueError(f"topk: expected at most ctx = {ctx}, got {topk}")
+    out = torch.empty(rows, topk, dtype=torch.int32, device=device)
+    cols = torch.arange(ctx, device=device)
+    for r0 in range(0, rows, chunk):
+        r1 = min(rows, r0 + chunk)
+        key = torch.rand(r1 - r0, ctx, device=device)
+        if row_positions is not None:
+            key = key.masked_fill(cols[None, :] > row_positions[r0:r1, None], -1.0)
+        out[r0:r1] = key.topk(topk, dim=1).indices.to(torch.int32)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- cache encoders
+
+def kv_values(n: int, d_qk: int = D_QK, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Realistic cache row values float32 ``[n, d_qk]``: tile-wise magnitudes (:data:`TILE_GAIN`) and a random
+    per-row gain, so per-tile fp8 scales differ within a row."""
+    x = torch.randn(n, d_qk, generator=generator)
+    for c, g in enumerate(TILE_GAIN):
+        x[:, 128 * c:128 * (c + 1)] *= g
+    x *= torch.empty(n, 1).uniform_(-0.5, 0.5, generator=generator).exp()
+    return x
+
+
+def encode_cache(values: torch.Tensor, kv_format: str, *,
+                 scale_format: str = "pow2") -> tuple[torch.Tensor, float | None]:
+    """Store real ``values [..., d_qk]`` (d_qk 576, or 512 for NoPE) in ``kv_format``: returns ``(stored, k_scale)``,
+    ``k_scale`` the per-tensor scale of ``fp8_e4m3`` (not a power of two) and None for the other formats.
+
+    ``fp8_ds_mla`` with 512-wide values stores NaN bytes as the 64 rope values: a NoPE kernel must never read them.
+    """
+    if kv_format == "bf16":
+        return values.to(torch.bfloat16), None
+    if kv_format == "fp16":
+        return values.to(torch.float16), None
+    if kv_format == "fp8_e4m3":
+        k_scale = float(values.abs().max()) / 400.0 + 1e-6
+        return (values.float() / k_scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn), k_scale
+    if kv_format == "fp8_ds_mla":
+        if values.shape[-1] == D_QK - 64:
+            full = torch.cat([values, values.new_zeros(*values.shape[:-1], 64)], dim=-1)
+            packed = quantize_fp8_ds_mla(full, scale_format=scale_format)
+            packed[..., 528:] = 0xFF
+            return packed, None
+        return quantize_fp8_ds_mla(values, scale_format=scale_format), None
+    raise ValueError(f"kv_format: expected 'bf16', 'fp16', 'fp8_e4m3' or 'fp8_ds_mla', got {kv_format!r}")
+
+
+def quantize_indexer_q(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indexer queries ``[T, Hi, 128]`` -> (float8_e4m3fn ``[T, Hi, 128]``, float32 scales ``[T, Hi]``), one scale
+    ``amax / 448`` per (row, head); vLLM folds the scales into the indexer weights."""
+    scale = (q.float().abs().amax(-1) / FP8_E4M3_MAX).clamp_min(1e-8)
+    q8 = (q.float() / scale[..., None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return q8, scale
+
+
+# ----------------------------------------------------------------------------------------------- whole problems
+
+@dataclass
+class SparseMLAInputs:
+    """The arguments of one paged sparse-MLA problem."""
+
+    q: torch.Tensor  # [rows, heads, 576]
+    kv_cache: torch.Tensor  # [num_blocks, block_size, row] in kv_format
+    indices: torch.Tensor  # int32 [rows, topk] global slots
+    block_table: torch.Tensor  # int32 [requests, ctx / block_size]
+    kv_format: str
+    k_scale: float | None
+
+    @property
+    def unique_rows(self) -> int:
+        """Distinct cache rows referenced by all slot lists together."""
+        return int(torch.unique(self.indices[self.indices >= 0]).numel())
+
+
+def _seeded_block_table(requests: int, ctx: int, block_size: int, device: torch.device | str,
+                        seed: int) -> torch.Tensor:
+    torch.manual_seed(seed)
+    if ctx % block_size:
+        raise ValueError(f"ctx {ctx} must be a multiple of block_size {block_size}")
+    return random_block_table(requests, ctx // block_size, device)
+
+
+def sparse_mla_inputs(kind: str, *, rows: int, heads: int, ctx: int, topk: int, requests: int, block_size: int = 64,
+                      kv_format: str = "bf16", q_dtype: torch.dtype = torch.bfloat16, scale_format: str = "pow2",
+                      device: torch.device | str = "cpu", seed: int = 0) -> SparseMLAInputs:
+    """Random paged sparse-MLA inputs (seeds torch's generator with ``seed``): every request owns ``ctx / block_size``
+    blocks scattered over the pool, cache values ~ N(0, 1), q ~ N(0, 1).
+
+    ``kind="decode"``: one row per request (``rows == requests``), each picking ``topk`` distinct positions of its
+    request. ``kind="prefill"``: one request, rows at its last ``rows`` positions, each picking ``topk`` distinct
+    positions at or before its own (causal; every row must see at least ``topk`` tokens).
+    """
+    device = torch.device(device)
+    block_table = _seeded_block_table(requests, ctx, block_size, device, seed)
+    values = torch.randn(requests * (ctx // block_size), block_size, D_QK, dtype=torch.bfloat16, device=device)
+    kv_cache, k_scale = encode_cache(values, kv_format, scale_format=scale_format)
+    del values
+    if kind == "decode":
+        if rows != requests:
+            raise ValueError(f"rows: decode has one row per request ({requests}), got {rows}")
+        req = torch.arange(rows, dtype=torch.int32, device=device)
+        positions = random_topk_positions(rows, ctx, topk, device)
+    elif kind == "prefill":
+        if requests != 1 or rows > ctx or ctx - rows + 1 < topk:
+            raise ValueError("prefill: one request; rows at its last positions must each see >= topk tokens")
+        req = torch.zeros(rows, dtype=torch.int32, device=device)
+        row_pos = torch.arange(ctx - rows, ctx, device=device)
+        positions = random_topk_positions(rows, ctx, topk, device, row_positions=row_pos)
+    else:
+        raise ValueError(f"kind: expected 'decode' or 'prefill', got {kind!r}")
+    from . import topk_to_slots
+
+    indices = topk_to_slots(positions, req, block_table, block_size)
+    del positions
+    q = torch.randn(rows, heads, D_QK, dtype=q_dtype, device=device)
+    return SparseMLAInputs(q=q, kv_cache=kv_cache, indices=indices, block_table=block_table, kv_format=kv_format,
+                           k_scale=k_scale)
+
+
+@dataclass
+class IndexerInputs:
+    """The arguments of one DSA-indexer problem, in the layout vLLM hands to its indexer."""
+
+    q: torch.Tensor  # float8_e4m3fn [rows, Hi, 128] (per-(row, head) scales folded into weights, as vLLM does)
+    weights: torch.Tensor  # float32 [rows, Hi]
+    k_cache: torch.Tensor  # uint8 [num_blocks, block_size · 132]: vLLM's fp8 indexer layout
+    block_table: torch.Tensor  # int32 [requests, ctx / block_size]
+    req_id_per_token: torch.Tensor  # int32 [rows]
+    positions: torch.Tensor  # int32 [rows]: row t scores request-local tokens 0 .. positions[t]
+
+
+def indexer_inputs(phase: str, *, rows: int, heads: int, ctx: int, requests: int, block_size: int = 64,
+                   device: torch.device | str = "cpu", seed: int = 0) -> IndexerInputs:
+    """Random indexer inputs (seeds torch's generator with ``seed``): cache tokens of varied magnitude in blocks
+    handed to the requests from a random permutation of the pool; q quantised to e4m3 per (row, head) with the scale
+    folded into the weights (vLLM's convention); weights ~ N(0, 1/Hi). ``phase="decode"``: request r's only row sits
+    at position ctx - 1; ``"prefill"``: rows at positions ctx - rows .. ctx - 1 of request 0."""
+    device = torch.device(device)
+    block_table = _seeded_block_table(requests, ctx, block_size, device, seed)
+    nb = requests * (ctx // block_size)
+    k_cache = torch.empty(nb, block_size * (D_INDEX + 4), dtype=torch.uint8, device=device)
+    step = max(1, (1 << 25) // (block_size * D_INDEX))  # in pieces: a float32 copy of a 1 GB cache is 4 GB
+    for b0 in range(0, nb, step):
+        b1 = min(nb, b0 + step)
+        vals = torch.randn(b1 - b0, block_size, D_INDEX, device=device)
+        vals *= torch.empty(b1 - b0, block_size, 1, device=device).uniform_(0.25, 2.0)
+        k_cache[b0:b1] = quantize_indexer_cache(vals)
+    if phase == "decode":
+        if rows != requests:
+            raise ValueError(f"rows: indexer decode has one row per request ({requests}), got {rows}")
+        req = torch.arange(rows, dtype=torch.int32, device=device)
+        positions = torch.full((rows,), ctx - 1, dtype=torch.int32, device=device)
+    elif phase == "prefill":
+        if requests != 1 or rows > ctx:
+            raise ValueError("indexer prefill: one request, rows <= ctx")
+        req = torch.zeros(rows, dtype=torch.int32, device=device)
+        positions = torch.arange(ctx - rows, ctx, dtype=torch.int32, device=device)
+    else:
+        raise ValueError(f"phase: expected 'decode' or 'prefill', got {phase!r}")
+    q, q_scale = quantize_indexer_q(torch.randn(rows, heads, D_INDEX, device=device))
+    weights = (torch.randn(rows, heads, device=device) * heads ** -0.5 * q_scale).float().contiguous()
+    return IndexerInputs(q=q, weights=weights, k_cache=k_cache, block_table=block_table, req_id_per_token=req,
+                         positions=positions)
+
+
+# ----------------------------------------------------------------------------------------------- comparisons
+
+def take_rows(x, rows: torch.Tensor | None):
+    """``x[rows]`` for a tensor, element-wise for a tuple (a split q), ``x`` itself when x or rows is None: the
+    same subset of rows of every argument, to check a large problem on a sample."""
+    if x is None or rows is None:
+        return x
+    if isinstance(x, tuple):
+        return tuple(take_rows(y, rows) for y in x)
+    return x[rows]
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """``‖x − ref‖ / ‖ref‖`` in float64: inf when x holds a non-finite value, 0 when both are 0, inf when only ref
+    is 0."""
+    x, ref = x.double(), ref.double()
+    if not torch.isfinite(x).all():
+        return math.inf
+    num, den = (x - ref).norm().item(), ref.norm().item()
+    if den == 0:
+        return 0.0 if num == 0 else math.inf
+    return num / den
+
+
+def _where(mask: torch.Tensor) -> list:
+    return mask.nonzero()[:5].tolist()
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, tol: float | None = None,
+                 atol: float | None = None, what: str = "") -> float:
+    """``actual`` against ``expected``: same shape; NaN, +inf and -inf at exactly the same positions; then over the
+    finite positions the relative L2 error (:func:`rel_err`) at most ``tol`` and the largest absolute difference at
+    most ``atol`` (each checked when given). Returns the relative error of the finite part."""
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} != expected {tuple(e.shape)}"
+    if a.is_floating_point() or e.is_floating_point():
+        a, e = a.double(), e.double()
+        for name, test in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
+            ma, me = test(a), test(e)
+            assert torch.equal(ma, me), \
+                f"{what}: {name} positions differ: actual {_where(ma & ~me)} not expected, expected {_where(me & ~ma)}"
+        fin = torch.isfinite(e)
+        a, e = a[fin], e[fin]
+    err = rel_err(a, e)
+    if tol is not None:
+        assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
+    if atol is not None and a.numel():
+        d = (a - e).abs().max().item()
+        assert d <= atol, f"{what}: max abs error {d:.3e} > {atol:.1e}"
+    return err
