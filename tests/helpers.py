@@ -1,4 +1,4 @@
-"""Shared builders and checks for the attention tests.
+"""Attention-test builders and checks: a layer over :mod:`triton_mla_sparse.testing` (the shared fixtures).
 
 Inputs are random but realistic: q ~ N(0, 1) in float16 (the interpreter's bf16 dots are garbage), cache latents
 with different magnitudes per 128-wide tile (so a kernel applying the wrong fp8_ds_mla tile scale fails), scores
@@ -13,9 +13,11 @@ from typing import Any
 
 import torch
 
-import triton_mla_sparse as tms
 from triton_mla_sparse import reference
-from triton_mla_sparse.api import sparse_mla_attention_with_config
+from triton_mla_sparse import testing
+from triton_mla_sparse.ops.sparse_mla import sparse_mla_attention_with_config
+from triton_mla_sparse.testing import LAYOUTS, kv_values, rel_err  # noqa: F401  (re-exported to the tests)
+from triton_mla_sparse.testing import encode_cache as encode
 
 # Optional config switches (tests exercise them only where this version of the package has them).
 
@@ -46,79 +48,9 @@ def tolerances(fmt: str, scale_format: str = "pow2") -> dict:
     return dict(tol=REL_TOL, lse_atol=LSE_ATOL)
 
 
-TILE_GAIN = (1.0, 0.25, 2.0, 0.5)  # magnitude of each 128-wide latent tile
-
-
-def kv_values(n: int, d_qk: int = 576) -> torch.Tensor:
-    """Real cache row values float32 [n, d_qk]: tile-wise magnitudes and a random per-row gain."""
-    x = torch.randn(n, d_qk)
-    for c, g in enumerate(TILE_GAIN):
-        x[:, 128 * c:128 * (c + 1)] *= g
-    x *= torch.empty(n, 1).uniform_(-0.5, 0.5).exp()
-    return x
-
-
-def encode(values: torch.Tensor, fmt: str, *, scale_format: str = "pow2"):
-    """Store real values [..., d_qk] in ``fmt``: returns (stored [..., row], k_scale float or None).
-
-    For fp8_ds_mla with d_qk = 512 (NoPE) the 64 rope values are garbage (NaN bytes): the kernel must not read them.
-    """
-    if fmt == "bf16":
-        return values.to(torch.bfloat16), None
-    if fmt == "fp16":
-        return values.to(torch.float16), None
-    if fmt == "fp8_e4m3":
-        k_scale = float(values.abs().max()) / 400.0 + 1e-6  # not a power of two
-        return (values / k_scale).clamp(-448, 448).to(torch.float8_e4m3fn), k_scale
-    if fmt == "fp8_ds_mla":
-        d = values.shape[-1]
-        if d == 512:
-            full = torch.cat([values, values.new_zeros(*values.shape[:-1], 64)], dim=-1)
-            packed = tms.quantize_fp8_ds_mla(full, scale_format=scale_format)
-            packed[..., 528:] = 0xFF  # NaN bf16 rope: must never be read with NoPE
-            return packed, None
-        return tms.quantize_fp8_ds_mla(values, scale_format=scale_format), None
-    raise AssertionError(fmt)
-
-
-def _nan_buffer(shape, dtype) -> torch.Tensor:
-    """A buffer of ``dtype`` whose every element is NaN (all bytes 0xFF; uint8 gives NaN scales/fp8/bf16 too)."""
-    esize = torch.empty((), dtype=dtype).element_size()
-    *lead, last = shape
-    return torch.full((*lead, last * esize), 0xFF, dtype=torch.uint8, device=DEVICE).view(dtype)
-
-
-LAYOUTS = ("3d", "4d", "flat", "padded", "flat_padded")
-
-
 def place(stored: torch.Tensor, layout: str) -> torch.Tensor:
-    """Put stored rows [nb, bs, row] into a cache tensor of the given layout.
-
-    "3d" [nb, bs, row] contiguous; "4d" [nb, bs, 1, row]; "flat" [nb·bs, row]; "padded": [nb, bs, row] view of a
-    NaN-filled buffer with 3 spare rows per block, 16 spare elements per row and one spare leading block (block
-    stride > block_size · row, row stride > row, non-zero storage offset); "flat_padded": [nb·bs, row] view with
-    spare elements per row and a spare leading row. Slot ids are the same in every layout.
-    """
-    nb, bs, row = stored.shape
-    stored = stored.to(DEVICE)
-    if layout == "3d":
-        return stored.contiguous()
-    if layout == "4d":
-        return stored.contiguous().unsqueeze(2)
-    if layout == "flat":
-        return stored.reshape(nb * bs, row).contiguous()
-    if layout == "padded":
-        buf = _nan_buffer((nb + 1, bs + 3, row + 16), stored.dtype)
-        view = buf[1:, :bs, :row]
-    elif layout == "flat_padded":
-        buf = _nan_buffer((nb * bs + 1, row + 16), stored.dtype)
-        view = buf[1:, :row]
-        view.copy_(stored.reshape(nb * bs, row))
-        return view
-    else:
-        raise AssertionError(layout)
-    view.copy_(stored)
-    return view
+    """:func:`triton_mla_sparse.testing.place` on the test device."""
+    return testing.place(stored.to(DEVICE), layout)
 
 
 @dataclass
@@ -207,39 +139,17 @@ def run_reference(prob: Problem, **kw):
                                           compute_dtype=torch.float64)
 
 
-def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖x − ref‖ / ‖ref‖ in float64 (0 when both are 0; inf when only ref is 0)."""
-    x, ref = x.double(), ref.double()
-    num, den = (x - ref).norm().item(), ref.norm().item()
-    if den == 0:
-        return 0.0 if num == 0 else math.inf
-    return num / den
-
-
 def assert_matches(out, lse, ref_out, ref_lse, *, tol: float = REL_TOL, lse_atol: float = LSE_ATOL, what: str = ""):
-    """Kernel (out, lse) against the float64 reference: no NaN, identical -inf positions, rows without a valid
-    index exactly 0, relative L2 error of out <= tol, |lse - ref| <= lse_atol where finite."""
+    """Kernel (out, lse) against the float64 reference with :func:`triton_mla_sparse.testing.assert_close`: the
+    same NaN/inf positions (the reference has none in out, -inf lse exactly for rows without a valid index), such
+    rows exactly 0, relative L2 error of out <= tol, |lse - ref| <= lse_atol where finite."""
     out, lse, ref_out, ref_lse = (x.cpu() for x in (out, lse, ref_out, ref_lse))
-    assert out.shape == ref_out.shape, (what, out.shape, ref_out.shape)
-    assert lse.shape == ref_lse.shape, (what, lse.shape, ref_lse.shape)
     assert lse.dtype == torch.float32, (what, lse.dtype)
-    assert not torch.isnan(out).any(), f"{what}: NaN in out at {torch.isnan(out).nonzero()[:5].tolist()}"
-    assert not torch.isnan(lse).any(), f"{what}: NaN in lse at {torch.isnan(lse).nonzero()[:5].tolist()}"
-    assert not torch.isinf(out).any(), f"{what}: inf in out"
-    assert not torch.isposinf(lse).any(), f"{what}: +inf in lse"
+    testing.assert_close(lse, ref_lse, atol=lse_atol, what=f"{what} lse")
     empty = torch.isneginf(ref_lse)
-    assert torch.equal(torch.isneginf(lse), empty), \
-        f"{what}: -inf lse positions differ: kernel {torch.isneginf(lse).nonzero().tolist()} " \
-        f"reference {empty.nonzero().tolist()}"
     if empty.any():
         assert (out[empty] == 0).all(), f"{what}: rows with no valid index must be exactly 0"
-    err = rel_err(out, ref_out)
-    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
-    fin = ~empty
-    if fin.any():
-        d = (lse[fin].double() - ref_lse[fin].double()).abs().max().item()
-        assert d <= lse_atol, f"{what}: lse max abs error {d:.3e} > {lse_atol:.1e}"
-    return err
+    return testing.assert_close(out, ref_out, tol=tol, what=f"{what} out")
 
 
 def nan_out(T: int, H: int, dtype=torch.float16) -> torch.Tensor:

@@ -16,10 +16,10 @@ import torch
 
 from ._env import DEV, GPU_TIER, INT32_MAX, INT32_MIN, ON_CPU, QD, gpu_only  # first: may switch on the interpreter
 from triton_mla_sparse import quantize_fp8_ds_mla, reference, sparse_mla_attention, topk_to_slots
-from triton_mla_sparse.api import sparse_mla_attention_with_config
+from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
 from triton_mla_sparse.capabilities import arch_for_device
-from triton_mla_sparse.kernels.configs import MAX_BLOCK_H
-from triton_mla_sparse.bench import random_block_table, random_topk_positions, rel_err
+from triton_mla_sparse.ops.sparse_mla.configs import MAX_BLOCK_H
+from triton_mla_sparse.testing import random_block_table, random_topk_positions, rel_err, take_rows
 
 pytestmark = GPU_TIER
 
@@ -90,14 +90,6 @@ def tol_for(q_dtype) -> float:
     return 1e-2 if q_dtype == torch.bfloat16 else 5e-3
 
 
-def _rows(x, sel):
-    if x is None or sel is None:
-        return x
-    if isinstance(x, tuple):
-        return tuple(_rows(y, sel) for y in x)
-    return x[sel]
-
-
 def check_against_reference(out, lse, q, cache_tensor, idx, *, kv_format, k_scale=None, topk_length=None,
                             attn_sink=None, tol=None, all_rows=False):
     """out must be finite everywhere (it was pre-filled with NaN); on the checked rows out and lse must match the
@@ -109,10 +101,10 @@ def check_against_reference(out, lse, q, cache_tensor, idx, *, kv_format, k_scal
     qd = q[0].dtype if isinstance(q, tuple) else q.dtype
     ks = k_scale
     ref, ref_lse = reference.sparse_mla_attention(
-        _rows(q, sel), cache_tensor, _rows(idx, sel), SCALE, kv_format=kv_format, k_scale=ks,
-        topk_length=_rows(topk_length, sel), attn_sink=attn_sink, return_lse=True, compute_dtype=torch.float32,
+        take_rows(q, sel), cache_tensor, take_rows(idx, sel), SCALE, kv_format=kv_format, k_scale=ks,
+        topk_length=take_rows(topk_length, sel), attn_sink=attn_sink, return_lse=True, compute_dtype=torch.float32,
         out_dtype=torch.float32)
-    o, l = _rows(out, sel), _rows(lse, sel)
+    o, l = take_rows(out, sel), take_rows(lse, sel)
     err = rel_err(o, ref)
     limit = tol if tol is not None else tol_for(qd)
     assert err <= limit, f"relative error {err:.3e} > {limit:.0e}"
@@ -404,7 +396,7 @@ def test_large_cache_64bit_offsets(fmt):
 
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
 def test_cached_launch_follows_each_specialisation(pool, kernel):
-    """The cached launcher (kernels/launch.py) must never reuse a compiled kernel across specialisations: calls
+    """The cached launcher (_common/launch.py) must never reuse a compiled kernel across specialisations: calls
     alternate between 16-byte aligned and misaligned tensors and between strides divisible by 16 and not, and
     each result must match the reference (a reused aligned build on misaligned data reads the wrong elements or
     faults)."""

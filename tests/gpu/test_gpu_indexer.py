@@ -11,23 +11,13 @@ import torch
 
 import triton_mla_sparse as tms
 from triton_mla_sparse import reference
+from triton_mla_sparse.formats import quantize_indexer_cache
 
 HAVE_CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")]
 
 D, BS, TOPK = 128, 64, 2048
 CHECK_ROWS = 12
-
-
-def fp8_indexer_cache(values: torch.Tensor) -> torch.Tensor:
-    """float32 [nb, bs, 128] -> uint8 [nb, bs·132]: bs·128 e4m3 values then bs float32 scales (amax/448)."""
-    nb, bs, _ = values.shape
-    scale = (values.abs().amax(-1) / 448.0).clamp_min(1e-8).float()
-    q8 = (values / scale[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
-    buf = torch.empty(nb, bs * (D + 4), dtype=torch.uint8, device=values.device)
-    buf[:, :bs * D] = q8.view(torch.uint8).reshape(nb, bs * D)
-    buf[:, bs * D:] = scale.contiguous().view(torch.uint8).reshape(nb, bs * 4)
-    return buf
 
 
 def make(kind: str, Hi: int, fmt: str, seed: int = 0):
@@ -60,7 +50,7 @@ def make(kind: str, Hi: int, fmt: str, seed: int = 0):
     q = torch.randn(T, Hi, D, generator=g, device="cuda")
     w = torch.randn(T, Hi, generator=g, device="cuda") * Hi ** -0.5
     if fmt == "fp8":
-        k_cache = fp8_indexer_cache(values)
+        k_cache = quantize_indexer_cache(values)
         qs = q.abs().amax(-1, keepdim=True) / 448.0
         q = (q / qs).to(torch.float8_e4m3fn)
         w = w * qs[..., 0]  # q's scale folded into the weights
@@ -170,14 +160,14 @@ def _adversarial_rows(L: int, g: torch.Generator) -> torch.Tensor:
 def test_split_select_long_adversarial_rows(topk):
     """The split select at its sm90 configuration on rows long enough for the bound pass (> 8 chunks of 8192):
     the selected logits equal torch.topk's as sorted value sets (NaN ranks highest), -1 only for missing ones."""
-    from triton_mla_sparse import indexer as I
-    from triton_mla_sparse.kernels.indexer import launch_split_select
+    from triton_mla_sparse.ops.indexer.configs import IndexerConfig
+    from triton_mla_sparse.ops.topk.split_select import launch_split_select
 
     g = torch.Generator(device="cuda").manual_seed(topk)
     L = 131072 + 77  # a partial last chunk
     x = _adversarial_rows(L, g)
-    cfg = I.IndexerConfig(block_h=64, block_k=128, chunk_tiles=16, rows_per_program=1, num_warps=4, num_stages=2,
-                          use_fp8_dot=True, dot_bf16=False, sw_fp8=False, select="split")
+    cfg = IndexerConfig(block_h=64, block_k=128, chunk_tiles=16, rows_per_program=1, num_warps=4, num_stages=2,
+                        use_fp8_dot=True, dot_bf16=False, sw_fp8=False, select="split")
     out = torch.full((x.shape[0], topk), 777, dtype=torch.int32, device="cuda")
     launch_split_select(x, out, topk, cfg)
     for t in range(x.shape[0]):

@@ -1,4 +1,4 @@
-"""GPU tier of the cached launcher (kernels/launch.py): repeated launches of a known specialisation (through the
+"""GPU tier of the cached launcher (_common/launch.py): repeated launches of a known specialisation (through the
 cached ``CompiledKernel``) give the same results as the first, Triton-launched call, and a launch-enter hook (as
 profilers set) sees every launch. Skipped without a CUDA GPU."""
 
@@ -24,7 +24,8 @@ def _case(T=8, Hi=32, bs=64, ctx=1024):
 
 
 def test_cached_launches_match_the_first_call():
-    from triton_mla_sparse.kernels import indexer as kix
+    from triton_mla_sparse.ops.indexer import kernels as logits_kernels
+    from triton_mla_sparse.ops.topk import split_select
 
     q, w, k, bt, req, pos, ctx = _case()
     first = tms.indexer_logits(q, w, k, bt, req, pos, ctx)  # may compile: Triton's own launch
@@ -34,7 +35,7 @@ def test_cached_launches_match_the_first_call():
         assert torch.equal(torch.sort(tms.indexer_topk(q, w, k, bt, req, pos, 64, select="split"), 1).values,
                            torch.sort(first_topk, 1).values)
     torch.cuda.synchronize()
-    for launcher in (kix._launch_logits, kix._launch_hist, kix._launch_split_select):
+    for launcher in (logits_kernels._launch_logits, split_select._launch_hist, split_select._launch_split_select):
         assert launcher.cache, launcher.kernel  # the later calls went through the cache
 
 

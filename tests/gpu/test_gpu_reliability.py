@@ -25,9 +25,10 @@ import pytest
 import torch
 
 from ._env import DEV, GPU_TIER, INT32_MAX, INT32_MIN, ON_CPU, QD, gpu_only  # first: may switch on the interpreter
-from triton_mla_sparse import quantize_fp8_ds_mla, reference, sparse_mla_attention
-from triton_mla_sparse.api import sparse_mla_attention_with_config
-from triton_mla_sparse.kernels.configs import AttentionConfig
+from triton_mla_sparse import reference, sparse_mla_attention
+from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
+from triton_mla_sparse.ops.sparse_mla.configs import AttentionConfig
+from triton_mla_sparse.testing import encode_cache, take_rows
 
 pytestmark = GPU_TIER
 
@@ -93,21 +94,6 @@ def cache_at_end(stored: torch.Tensor, *, row_pad: int = 0, block_pad: int = 0) 
     return v
 
 
-def encode(values: torch.Tensor, fmt: str, *, scale_format: str = "pow2", d_qk: int = 576):
-    """Real values [..., 576] -> (stored [..., row], k_scale). NoPE (d_qk 512): 512-wide rows; fp8_ds_mla keeps
-    656-byte rows whose RoPE bytes are NaN (never read)."""
-    if fmt == "fp8_ds_mla":
-        packed = quantize_fp8_ds_mla(values, scale_format=scale_format)
-        if d_qk == 512:
-            packed[..., 528:] = 0xFF
-        return packed, None
-    values = values[..., :d_qk]
-    if fmt == "fp8_e4m3":
-        ks = float(values.abs().amax()) / 448.0 if values.numel() else 1.0
-        return (values / ks).to(torch.float8_e4m3fn), ks
-    return values.to(DTYPE[fmt]), None
-
-
 def random_values(n: int) -> torch.Tensor:
     return torch.randn(n, 576, device=DEV)
 
@@ -125,14 +111,6 @@ def sample_rows(T: int, n: int = CHECK_ROWS) -> torch.Tensor | None:
     return rows.sort().values.to(DEV)
 
 
-def _sub(x, rows):
-    if x is None or rows is None:
-        return x
-    if isinstance(x, tuple):
-        return tuple(_sub(y, rows) for y in x)
-    return x[rows]
-
-
 def compare(out, lse, q, cache, idx, *, kv_format, k_scale=None, topk_length=None, attn_sink=None, scale=SCALE,
             rows=None, tol=OUT_TOL, lse_tol=LSE_TOL, tiles=False, what=""):
     """out must be finite everywhere (it is pre-filled with NaN) and lse free of NaN/+inf; on ``rows`` (None: all)
@@ -142,10 +120,10 @@ def compare(out, lse, q, cache, idx, *, kv_format, k_scale=None, topk_length=Non
     assert torch.isfinite(out).all(), f"{what}: out holds NaN/inf (unwritten or polluted)"
     assert not torch.isnan(lse).any() and not (lse == math.inf).any(), f"{what}: lse holds NaN/+inf"
     ref, ref_lse = reference.sparse_mla_attention(
-        _sub(q, rows), cache, _sub(idx, rows), scale, kv_format=kv_format, k_scale=k_scale,
-        topk_length=_sub(topk_length, rows), attn_sink=attn_sink, return_lse=True, compute_dtype=torch.float64,
+        take_rows(q, rows), cache, take_rows(idx, rows), scale, kv_format=kv_format, k_scale=k_scale,
+        topk_length=take_rows(topk_length, rows), attn_sink=attn_sink, return_lse=True, compute_dtype=torch.float64,
         out_dtype=torch.float64)
-    o, lg = _sub(out, rows).double(), _sub(lse, rows).double()
+    o, lg = take_rows(out, rows).double(), take_rows(lse, rows).double()
     parts = [slice(0, 512)] + ([slice(128 * c, 128 * c + 128) for c in range(4)] if tiles else [])
     for sl in parts:
         num, den = (o[..., sl] - ref[..., sl]).norm().item(), ref[..., sl].norm().item()
@@ -238,7 +216,7 @@ def test_70000_rows(kernel, heads, overrides):
     T = 20 if ON_CPU else 70_000
     topk = 64
     S = NB * BS
-    cache, _ = encode(random_values(S).reshape(NB, BS, 576), "bf16")
+    cache, _ = encode_cache(random_values(S).reshape(NB, BS, 576), "bf16")
     q = torch.randn(T, heads, 576, dtype=QD, device=DEV)
     idx = torch.randint(-16, S + 16, (T, topk), dtype=torch.int32, device=DEV)
     out, lse, cfg = run(q, cache, idx, kv_format="bf16", kernel=kernel, **overrides)
@@ -270,7 +248,7 @@ def test_cache_over_2_31_bytes_read_at_its_far_end(fmt):
     idx[:, 3] = -1
     valid = (idx >= 0) & (idx < S)
     used = idx[valid].unique()
-    stored, ks = encode(random_values(used.numel()), fmt)
+    stored, ks = encode_cache(random_values(used.numel()), fmt)
     flat = as_bytes(cache.view(-1, row))  # the view is contiguous: [num_slots, row] (bytes for the fp8 formats)
     flat[used] = as_bytes(stored)
     idx = idx.to(torch.int32)
@@ -290,7 +268,7 @@ def test_topk_16384(kernel, fmt, heads):
     K = 16384 if not ON_CPU else 200
     nb = (2 * K) // BS
     S = nb * BS
-    stored, ks = encode(random_values(S).reshape(nb, BS, 576), fmt)
+    stored, ks = encode_cache(random_values(S).reshape(nb, BS, 576), fmt)
     T = 3
     q = torch.randn(T, heads, 576, dtype=QD, device=DEV)
     idx = distinct_indices(T, K, S)
@@ -306,7 +284,7 @@ def test_head_counts(heads):
     torch.manual_seed(4 + heads)
     T = 64 if not ON_CPU else 3
     S = NB * BS
-    cache, _ = encode(random_values(S).reshape(NB, BS, 576), "fp8_ds_mla")
+    cache, _ = encode_cache(random_values(S).reshape(NB, BS, 576), "fp8_ds_mla")
     q = torch.randn(T, heads, 576, dtype=QD, device=DEV)
     idx = distinct_indices(T, TOPK, S)
     for kernel in ("decode", "prefill"):
@@ -318,7 +296,7 @@ def test_head_counts(heads):
 def test_unsupported_sizes_rejected_up_front(impl):
     """129 heads and top-k 16 385: one ValueError naming the argument (with the reason), out untouched."""
     fn = sparse_mla_attention if impl == "triton" else reference.sparse_mla_attention
-    cache, _ = encode(random_values(64).reshape(4, 16, 576), "bf16")
+    cache, _ = encode_cache(random_values(64).reshape(4, 16, 576), "bf16")
     for H, K, name in ((129, 64, "q"), (16, 16385, "indices")):
         q = torch.randn(2, H, 576, dtype=QD, device=DEV)
         idx = torch.zeros(2, K, dtype=torch.int32, device=DEV)
@@ -346,7 +324,7 @@ def test_garbage_indices_stay_in_bounds(fmt, d_qk):
     nb, bs = 12, 64
     S = nb * bs
     T, H, K = 8, 16, 256
-    stored, ks = encode(random_values(S).reshape(nb, bs, 576), fmt, d_qk=d_qk)
+    stored, ks = encode_cache(random_values(S).reshape(nb, bs, 576)[..., :d_qk], fmt)
     pad = 16  # elements (bytes for the fp8 formats, a multiple of 4 as fp8_ds_mla needs)
     cache = cache_at_end(stored, row_pad=pad, block_pad=3 * pad)
     q = copy_to_end(torch.randn(T, H, d_qk, dtype=QD, device=DEV))
@@ -372,7 +350,7 @@ def test_degenerate_caches_stay_in_bounds():
     torch.manual_seed(6)
     T, H, K = 3, 16, 64
     q = copy_to_end(torch.randn(T, H, 576, dtype=QD, device=DEV))
-    stored, _ = encode(random_values(1).reshape(1, 1, 576), "bf16")
+    stored, _ = encode_cache(random_values(1).reshape(1, 1, 576), "bf16")
     one = cache_at_end(stored)
     idx = copy_to_end(garbage_indices(T, K, 1))
     for kernel in ("decode", "prefill"):
@@ -397,7 +375,7 @@ def test_nan_inf_in_unselected_data_never_reach_out_or_lse(fmt, d_qk, kernel):
     torch.manual_seed(7)
     T, H = (64, 64) if not ON_CPU else (4, 16)
     S = NB * BS
-    clean, ks = encode(random_values(S).reshape(NB, BS, 576), fmt, d_qk=d_qk)
+    clean, ks = encode_cache(random_values(S).reshape(NB, BS, 576)[..., :d_qk], fmt)
     idx = distinct_indices(T, TOPK, S, invalid_frac=0.2, lo=1)
     idx[:, 0] = 0  # slot 0 ...
     tl = torch.full((T,), TOPK, dtype=torch.int32, device=DEV)
@@ -494,7 +472,7 @@ def test_numerics_edges(edge, kernel):
         ks = ks_override
         scale = SCALE * amax / 448 / ks  # scores as with the unscaled values
     else:
-        cache, ks = encode(values.reshape(NB, BS, 576), fmt, scale_format=scale_format)
+        cache, ks = encode_cache(values.reshape(NB, BS, 576), fmt, scale_format=scale_format)
     q = qv.to(QD)
     out, lse, cfg = run(q, cache, idx, kv_format=fmt, k_scale=ks, kernel=kernel, scale=scale, **over)
     compare(out, lse, q, cache, idx, kv_format=fmt, k_scale=ks, scale=scale, tiles=tiles, what=f"{edge} {cfg}")
@@ -509,7 +487,7 @@ def test_numerics_edges(edge, kernel):
 def _problem(T, H, fmt, seed):
     g = torch.Generator(device=DEV).manual_seed(seed)
     S = NB * BS
-    cache, ks = encode(torch.randn(S, 576, device=DEV, generator=g).reshape(NB, BS, 576), fmt)
+    cache, ks = encode_cache(torch.randn(S, 576, device=DEV, generator=g).reshape(NB, BS, 576), fmt)
     q = torch.randn(T, H, 576, device=DEV, generator=g).to(QD)
     idx = distinct_indices(T, TOPK, S)
     return dict(q=q, cache=cache, idx=idx, fmt=fmt,

@@ -3,7 +3,7 @@
 and the top-k selection).
 
 Compiled on the CPU with ``triton.compile(..., target=GPUTarget(...))`` and the specialisation a real launch gets
-(``triton_mla_sparse.kernels.aot``), in a subprocess per target because the rest of the suite runs Triton's
+(``triton_mla_sparse._common.aot``), in a subprocess per target because the rest of the suite runs Triton's
 interpreter. Each case asserts that it compiled, that its shared memory fits the architecture's budget and (NVIDIA,
 read from the cubin with the cuobjdump shipped in the triton wheel) that it has no stack frame or local memory,
 i.e. no register spills, and that its assembly holds no trap instruction (Triton compiles a kernel it cannot lay
@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from triton_mla_sparse._common.aot import indexer_matrix_entries, matrix_entries
 from triton_mla_sparse.capabilities import ARCHS
-from triton_mla_sparse.kernels.aot import indexer_matrix_entries, matrix_entries
-from triton_mla_sparse.kernels.configs import CACHE_CLASSES, HEAD_CLASSES, TABLE
+from triton_mla_sparse.ops.sparse_mla.configs import CACHE_CLASSES, HEAD_CLASSES, TABLE
 
 _results = {}
 
@@ -30,7 +30,7 @@ def _compile_all():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
     def one(arch):
-        proc = subprocess.run([sys.executable, "-m", "triton_mla_sparse.kernels.aot", arch], capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "triton_mla_sparse._common.aot", arch], capture_output=True,
                               text=True, env=env, timeout=1800)
         rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
         return arch, rows, proc.stderr[-2000:]
@@ -91,8 +91,8 @@ def test_compile_matrix_sees_a_trap_build():
     memory than the target has; Triton builds it as a bare trap, which the matrix must count."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = ("from triton_mla_sparse.capabilities import ARCHS\n"
-            "from triton_mla_sparse.kernels import aot\n"
-            "from triton_mla_sparse.kernels.configs import AttentionConfig\n"
+            "from triton_mla_sparse._common import aot\n"
+            "from triton_mla_sparse.ops.sparse_mla.configs import AttentionConfig\n"
             "arch = ARCHS['sm100']\n"
             "cfg = AttentionConfig(kernel='prefill', block_h=64, block_n=64, num_splits=1, split_len=2048,"
             " num_warps=8, num_stages=2)\n"
@@ -105,7 +105,7 @@ def test_compile_matrix_sees_a_trap_build():
 
 
 def test_table_entries_respect_max_block_h():
-    from triton_mla_sparse.kernels.configs import MAX_BLOCK_H
+    from triton_mla_sparse.ops.sparse_mla.configs import MAX_BLOCK_H
 
     for arch, limit in MAX_BLOCK_H.items():
         assert all(launch.block_h <= limit for launch in TABLE[arch].values()), arch

@@ -12,7 +12,7 @@ from helpers import (DEVICE, FORMATS, INT32_MAX, INT32_MIN, LAYOUTS, LSE_ATOL, R
                      assert_matches, encode, kv_values, make_problem, manual_attention, nan_out, place, real_rows,
                      rel_err, run_kernel, run_reference, stored_rows)
 from triton_mla_sparse import reference
-from triton_mla_sparse.api import sparse_mla_attention_with_config
+from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
 
 KERNELS = ("decode", "prefill")
 

@@ -14,8 +14,8 @@ Properties
   * ``test_fuzz_topk_to_slots``: the indexer-to-slot conversion against a Python loop, garbage included.
 
 Budget: derandomized (a fixed seed per property) with a bounded number of examples (about 1.5 minutes on two cores
-of a CI runner). ``pytest --long tests/test_fuzz.py`` (or ``TMS_FUZZ_LONG=1``) draws ``LONG_FACTOR`` times more
-with a fresh random seed each run (hypothesis prints the seed/blob to reproduce a failure);
+of a CI runner). ``pytest --long tests/ops/sparse_mla/test_fuzz.py`` (or ``TMS_FUZZ_LONG=1``) draws ``LONG_FACTOR``
+times more with a fresh random seed each run (hypothesis prints the seed/blob to reproduce a failure);
 ``TMS_FUZZ_EXAMPLES=N`` sets every property's count directly.
 
 Every failure found is kept in ``REGRESSIONS`` (replayed as explicit ``@example`` cases in every run, also after its
@@ -42,7 +42,7 @@ from helpers import (DEVICE, FORMATS, INT32_MAX, INT32_MIN, LSE_ATOL, REL_TOL, P
                      interpreter_memcheck, kv_values, place, place_at_end, real_rows, run_kernel, run_reference,
                      tensor_extent)
 from triton_mla_sparse import reference, topk_to_slots
-from triton_mla_sparse.kernels.configs import AttentionConfig
+from triton_mla_sparse.ops.sparse_mla.configs import AttentionConfig
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:overflow encountered:RuntimeWarning",  # exp2(sink - lse) with huge sinks: inf, then 1 / (1 + inf) = 0

@@ -1,4 +1,4 @@
-"""A cheaper launch for our Triton kernels: call the compiled kernel of a known specialisation directly.
+"""A cheaper launch for the operators' Triton kernels: call the compiled kernel of a known specialisation directly.
 
 ``kernel[grid](*args)`` binds and specialises every argument in Python on each call before it looks the compiled
 kernel up; for the attention kernel's ~45 arguments that cost about 40 µs per launch on the H200 machine's host
@@ -8,9 +8,6 @@ Triton specialises on for these arguments — the constexprs and launch options,
 alignment, each int's value class (== 1, divisible by 16, 32/64-bit) — and launches later calls through
 ``CompiledKernel[grid](*args)``. A new key always goes through Triton's own path, so the first call of a
 specialisation (and every call under the interpreter) behaves exactly as a plain launch.
-(Not done: calling the compiled kernel's launcher directly, skipping the runner's per-call lookups, measured 14.0 →
-9.8 µs per launch on the H200 machine's host by ``benchmarks/host_overhead.py``; a first version, 09d1c97, never
-engaged — Triton's launch hooks are empty ``HookChain`` objects, not None — and was removed unmeasured.)
 ``TRITON_MLA_SPARSE_FAST_LAUNCH=0`` turns the cache off.
 """
 
@@ -18,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from typing import Any
 
 import torch
 
@@ -61,7 +59,7 @@ class CachedLauncher:
     runtime arguments in the kernel's parameter order, ``constexprs`` the constexpr parameters (which come last in
     our kernels; each always given with the same Python type by a call site)."""
 
-    def __init__(self, kernel):
+    def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
         self.names = list(kernel.arg_names)
         if hasattr(kernel, "params"):  # JITFunction
@@ -74,7 +72,8 @@ class CachedLauncher:
             raise TypeError(f"{kernel.__name__}: CachedLauncher needs the constexpr parameters last")
         self.cache: dict = {}
 
-    def __call__(self, grid, args, constexprs: dict, *, num_warps: int, num_stages: int = 1, **options):
+    def __call__(self, grid: tuple[int, ...], args: tuple, constexprs: dict, *, num_warps: int, num_stages: int = 1,
+                 **options: Any) -> Any:
         """``options``: further compile options of Triton's launch (e.g. ``maxnreg``), part of the key."""
         if not _ENABLED or args and isinstance(args[0], torch.Tensor) and args[0].device.type != "cuda":
             return self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages, **options)

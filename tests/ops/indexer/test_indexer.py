@@ -6,7 +6,8 @@ fp16 q; 1, 4 and 32 index heads; rows of several requests with different lengths
 positions, decode rows), positions at block edges, top-k longer than a request (-1 padding), invalid request ids,
 table entries and columns past the table (never dereferenced: -inf / -1), NaN/sentinel-filled outputs, the output
 fed to ``topk_to_slots``, and bad arguments. Top-k results are compared as sets of selected logit values (robust to
-ties); bf16 runs only on the GPU (the interpreter's bf16 dots are garbage).
+ties); bf16 runs only on the GPU (the interpreter's bf16 dots are garbage). The split select's own cases (crafted
+rows, its bound pass) are in tests/ops/topk/test_split_select.py.
 """
 
 from __future__ import annotations
@@ -16,27 +17,28 @@ import math
 import pytest
 import torch
 from helpers import DEVICE
+from topk_checks import assert_topk_matches
 
 import triton_mla_sparse as tms
 from triton_mla_sparse import reference
+from triton_mla_sparse.formats import quantize_indexer_cache
 
 D = 128
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
-def quantize_indexer_cache(values: torch.Tensor, *, block_pad: int = 0) -> torch.Tensor:
-    """Real values float32 [nb, bs, 128] -> vLLM's fp8 indexer layout uint8 [nb, bs·132]: per block the bs·128 e4m3
-    values (token-major), then bs float32 scales (scale = amax/448 per token). ``block_pad`` spare NaN bytes after
-    each block (a block stride larger than bs·132; a multiple of 4)."""
-    nb, bs, d = values.shape
-    assert d == D and block_pad % 4 == 0
-    scale = (values.abs().amax(-1) / 448.0).clamp_min(1e-8).float()  # [nb, bs]
-    q8 = (values / scale[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
-    buf = torch.full((nb, bs * (D + 4) + block_pad), 0xFF, dtype=torch.uint8)
-    buf[:, :bs * D] = q8.view(torch.uint8).reshape(nb, bs * D)
-    buf[:, bs * D:bs * (D + 4)] = scale.contiguous().view(torch.uint8).reshape(nb, bs * 4)
-    buf = buf.to(DEVICE)
-    return buf[:, :bs * (D + 4)] if block_pad else buf
+def fp8_cache(values: torch.Tensor, *, block_pad: int = 0) -> torch.Tensor:
+    """Real values float32 [nb, bs, 128] -> vLLM's fp8 indexer layout uint8 [nb, bs·132] on DEVICE
+    (:func:`triton_mla_sparse.formats.quantize_indexer_cache`); ``block_pad`` spare NaN bytes after each block (a
+    block stride larger than bs·132; a multiple of 4)."""
+    packed = quantize_indexer_cache(values).to(DEVICE)
+    if not block_pad:
+        return packed
+    assert block_pad % 4 == 0
+    nb, width = packed.shape
+    buf = torch.full((nb, width + block_pad), 0xFF, dtype=torch.uint8, device=DEVICE)
+    buf[:, :width] = packed
+    return buf[:, :width]
 
 
 def make_case(*, k_fmt="fp8", q_dtype=torch.float16, Hi=4, bs=16, lengths=(37, 16, 64), extra_cols=2, seed=0):
@@ -66,11 +68,11 @@ def make_case(*, k_fmt="fp8", q_dtype=torch.float16, Hi=4, bs=16, lengths=(37, 1
     elif k_fmt == "fp16_4d":
         k_cache = values.to(torch.float16).unsqueeze(2).to(DEVICE)
     elif k_fmt == "fp8":
-        k_cache = quantize_indexer_cache(values)
+        k_cache = fp8_cache(values)
     elif k_fmt == "fp8_4d":
-        k_cache = quantize_indexer_cache(values).view(nb, bs, 1, D + 4)
+        k_cache = fp8_cache(values).view(nb, bs, 1, D + 4)
     elif k_fmt == "fp8_padded":
-        k_cache = quantize_indexer_cache(values, block_pad=64)
+        k_cache = fp8_cache(values, block_pad=64)
     else:
         raise AssertionError(k_fmt)
     q = torch.randn(T, Hi, D, generator=g)
@@ -101,36 +103,6 @@ def assert_logits_match(ours, ref, tol=1e-5, what=""):
         assert diff < tol, f"{what}: rel err {diff:.3g}"
         scale = ref[~ninf].abs().max()
         assert (ours[~ninf] - ref[~ninf]).abs().max() <= 1e-4 * scale + 1e-6, what
-
-
-def assert_topk_matches(sel, ref_logits, topk, what="", exact=False):
-    """``sel`` int32 [T, topk] against reference logits [T, L]: the selected positions are distinct candidates,
-    -1 exactly for the missing ones, and their sorted logit values equal the reference's top values (within
-    1e-5 · the row's largest magnitude, for kernel-computed logits; ``exact`` when the selection ran on
-    ``ref_logits`` itself)."""
-    sel = sel.cpu().long()
-    ref_logits = ref_logits.cpu().to(torch.float64)
-    T, L = ref_logits.shape
-    assert sel.shape == (T, topk) and sel.dtype == torch.int64
-    for t in range(T):
-        row = ref_logits[t]
-        n = int((~torch.isneginf(row)).sum())
-        k = min(topk, n)
-        s = sel[t]
-        valid = s >= 0
-        assert int(valid.sum()) == k, f"{what} row {t}: {int(valid.sum())} positions, expected {k}"
-        assert bool((s[~valid] == -1).all()), f"{what} row {t}: padding must be -1"
-        pos = s[valid]
-        assert bool((pos < L).all()) and len(set(pos.tolist())) == k, f"{what} row {t}: bad/duplicate positions"
-        got = row[pos]
-        assert not torch.isneginf(got).any(), f"{what} row {t}: selected a non-candidate"
-        want = torch.topk(row, k).values if k else row[:0]
-        got_sorted, want_sorted = torch.sort(got).values, torch.sort(want).values
-        if exact:
-            assert torch.equal(got_sorted.nan_to_num(nan=7.5), want_sorted.nan_to_num(nan=7.5)), f"{what} row {t}"
-            continue
-        tol = 1e-5 * float(row[~torch.isneginf(row)].abs().max()) if n else 0.0
-        assert torch.allclose(got_sorted, want_sorted, rtol=0, atol=tol + 1e-7), f"{what} row {t}"
 
 
 CACHES = ("fp8", "fp8_4d", "fp16")
@@ -211,104 +183,6 @@ def test_ties_and_empty_rows():
         assert_topk_matches(sel, ref, topk)
 
 
-def test_select_kernel_special_values():
-    """The split selection alone on crafted rows: ±0, +inf, huge and tiny magnitudes, negatives, many ties, a row
-    of equal values (its whole width in one histogram bin)."""
-    from triton_mla_sparse.kernels.indexer import launch_split_select
-
-    rows = [
-        [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, 3e38, -3e38, 1e-40, -1e-40],
-        [-5.0] * 7 + [-math.inf] * 3,
-        [-math.inf] * 10,
-        [2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, -math.inf, 0.5],
-    ]
-    x = torch.tensor(rows, dtype=torch.float32)
-    x = torch.cat([x, torch.randn(3, 10)], 0)
-    x = torch.cat([x, torch.full((x.shape[0], 190), -math.inf)], 1)  # several chunks
-    x = x[:, torch.randperm(200)].contiguous().to(DEVICE)
-
-    class Four:
-        split_chunk, split_block, bound, bound_min_chunks = 64, 32, False, 1  # 200 columns: four chunks of two steps
-
-    class Thirteen:
-        # more chunks than histogram copies (NREP = 8)
-        split_chunk, split_block, bound, bound_min_chunks = 16, 16, False, 1
-
-    class Bounded:
-        split_chunk, split_block, bound, bound_min_chunks = 128, 32, True, 1  # with the bound pass: two chunks
-
-    ties = torch.full((2, 200), 1.5)
-    ties[1, ::3] = -math.inf
-    x = torch.cat([x, ties.to(DEVICE)], 0)  # one boundary bin holding the whole row
-    for cfg in (Four, Thirteen, Bounded):
-        for topk in (1, 3, 6, 9, 12, 150):
-            out = torch.full((x.shape[0], topk), 777, dtype=torch.int32, device=DEVICE)
-            launch_split_select(x, out, topk, cfg)
-            assert_topk_matches(out, x, topk, what=f"{cfg.__name__} topk={topk}", exact=True)
-
-
-def test_split_select_rejects_bad_chunks():
-    from triton_mla_sparse.kernels.indexer import launch_split_select
-
-    class Bad:
-        split_chunk, split_block, bound, bound_min_chunks = 48, 32, False, 1
-
-    class BigBlock:  # two of its counts would not fit one int32
-        split_chunk, split_block, bound, bound_min_chunks = 32768, 32768, False, 1
-
-    class NotPow2:
-        split_chunk, split_block, bound, bound_min_chunks = 384, 128, True, 1
-
-    x = torch.arange(100, dtype=torch.float32, device=DEVICE)[None]
-    for cfg, match in ((Bad, "multiple of split_block"), (BigBlock, "split_block .32768. must be a power of 2 up to"),
-                       (NotPow2, "must be a power of 2")):
-        with pytest.raises(ValueError, match=match):
-            launch_split_select(x, torch.empty(1, 10, dtype=torch.int32, device=DEVICE), 10, cfg)
-
-
-def test_bound_with_a_partial_last_chunk():
-    """The bound pass's last chunk runs past the row (masked positions are not candidates): a falling row whose
-    short last chunk holds only small logits still selects the first positions."""
-    from triton_mla_sparse.kernels.indexer import launch_split_select
-
-    class Cfg:
-        split_chunk, split_block, bound, bound_min_chunks = 128, 32, True, 1
-
-    x = torch.cat([-1 - torch.arange(128) / 128, torch.full((72,), -10.0)])[None].repeat(2, 1)
-    x[1, 128:] = -math.inf
-    x = x.to(DEVICE)
-    for topk in (1, 2, 5):
-        out = torch.full((2, topk), 777, dtype=torch.int32, device=DEVICE)
-        launch_split_select(x, out, topk, Cfg)
-        assert out.cpu().sort(1).values.tolist() == [list(range(topk))] * 2, topk
-
-
-def test_select_nan_ranks_highest_like_the_reference():
-    """A NaN logit (only non-finite inputs produce one) ranks above every number, whatever its sign bit, in both
-    selections, as in torch.topk / the reference; -inf is never selected."""
-    from triton_mla_sparse.indexer import _torch_select
-    from triton_mla_sparse.kernels.indexer import launch_split_select
-
-    neg_nan = torch.tensor([-math.nan]).view(torch.int32)[0].item() | (1 << 31)
-    nan_neg = torch.tensor([neg_nan], dtype=torch.int32).view(torch.float32)[0].item()
-    x = torch.tensor([[1.0, math.nan, 2.0, -math.inf, nan_neg, 0.5]], dtype=torch.float32, device=DEVICE)
-
-    class Cfg:
-        split_chunk, split_block, bound, bound_min_chunks = 128, 32, True, 1
-
-    for topk in (2, 4, 6):
-        want = [1, 4, 2, 0, 5][:topk]  # the candidates (all but the -inf at 3), largest first: NaNs, 2, 1, 0.5
-        for name in ("split", "torch"):
-            out = torch.full((1, topk), 777, dtype=torch.int32, device=DEVICE)
-            if name == "torch":
-                _torch_select(x, out, topk)
-            else:
-                launch_split_select(x, out, topk, Cfg)
-            got = out[0].tolist()
-            assert sorted(v for v in got if v >= 0) == sorted(want), (name, topk, got)
-            assert got.count(-1) == topk - len(want), (name, topk, got)
-
-
 def test_one_row_per_request():
     """Decode-shaped calls (rows <= requests: one row per program group) against the reference."""
     case = make_case(k_fmt="fp8", q_dtype=torch.float8_e4m3fn, Hi=4, lengths=(37, 16, 64))
@@ -328,8 +202,10 @@ def test_one_row_per_request():
 def test_logits_launch_zeroes_the_select_workspace(rows):
     """``indexer_topk`` leaves zeroing the split select's workspace to its logits launch (no memset): every row's
     ws must come back zero (prefill: groups of rows per program, the last group partial), the logits unchanged."""
-    from triton_mla_sparse.indexer import check_indexer_inputs, choose_indexer_config
-    from triton_mla_sparse.kernels.indexer import WS_WIDTH, launch_indexer_logits
+    from triton_mla_sparse.ops.indexer.api import check_indexer_inputs
+    from triton_mla_sparse.ops.indexer.configs import choose_indexer_config
+    from triton_mla_sparse.ops.indexer.kernels import launch_indexer_logits
+    from triton_mla_sparse.ops.topk.split_select import WS_WIDTH
 
     case = make_case(k_fmt="fp8", q_dtype=torch.float8_e4m3fn, Hi=4, lengths=(37, 16, 64))
     if rows == "decode":
@@ -350,7 +226,7 @@ def test_topk_select_gets_a_zeroed_workspace(monkeypatch):
     """``indexer_topk`` allocates the split select's workspace uninitialised and relies on its logits launch to zero
     it: with every fresh int32/float32 allocation poisoned, the select must still receive an all-zero workspace and
     the result must match the reference."""
-    from triton_mla_sparse.kernels import indexer as K
+    from triton_mla_sparse.ops.topk import split_select as K
 
     real_empty, real_select = torch.empty, K.launch_split_select
     seen = []
@@ -378,72 +254,12 @@ def test_topk_select_gets_a_zeroed_workspace(monkeypatch):
     assert_topk_matches(sel, ref, 20, what="poisoned allocations")
 
 
-def _sortable_keys(x: torch.Tensor) -> torch.Tensor:
-    """The split select's unsigned 32-bit order keys (int64) of float32 logits: -inf lowest, NaN highest."""
-    bits = x.contiguous().view(torch.int32).long()
-    key = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF) + 2**31
-    return torch.where(torch.isnan(x), torch.full_like(key, 2**32 - 1), key)
-
-
 def _decode_rows(case):
     """The case's last row of each request (decode-shaped: one row per request)."""
     req = case["req_id_per_token"].cpu()
     last = torch.tensor([int((req == r).nonzero().max()) for r in range(int(req.max()) + 1)])
     return {k: (v[last.to(v.device)] if k in ("q", "weights", "req_id_per_token", "positions") else v)
             for k, v in case.items()}
-
-
-@pytest.mark.parametrize("topk", (1, 7, 30, 150))
-def test_topk_bound_counts_enough(topk):
-    """The split select's bound pass: per group size, the chunks all of whose groups hold a candidate take part;
-    the bound the histogram counts from has at least min(topk, candidates) logits at or above it; on iid rows and
-    small top-k it excludes most of the row (or the pass would be useless); the selection stays exact."""
-    from triton_mla_sparse.kernels import indexer as K
-
-    class Cfg:
-        split_chunk, split_block, bound, bound_min_chunks = 256, 64, True, 8
-
-    g = torch.Generator().manual_seed(topk)
-    L = 2048
-    x = torch.randn(6, L, generator=g)
-    x[1, 1500:] = -math.inf  # a shorter row: its last chunks vouch for nothing
-    x[2, ::3] = -math.inf  # gaps: groups of 16 still hold candidates
-    x[3, 100:116] = -math.inf  # one empty 16-group: that chunk only vouches at 32 positions per group and up
-    x[4] = torch.linspace(-3, 3, L)  # rising: the large logits in the last chunk
-    x[5, 3:] = -math.inf  # fewer candidates than most top-k
-    # one large logit per 128 positions, the rest small: the 128-groups vouch for 16 in all, the 64-groups for 32
-    # (a bound that over-counts what a level vouches for drops needed positions at topk 30)
-    big = torch.arange(0, L, 128) + torch.randint(0, 128, (L // 128,), generator=g)
-    spiky = torch.randn(L, generator=g) * 0.01 - 5
-    spiky[big] = torch.randn(L // 128, generator=g) + 5
-    x = torch.cat([x, spiky[None]], 0)
-    T = x.shape[0]
-    x = x.to(DEVICE)
-    out = torch.full((T, topk), 777, dtype=torch.int32, device=DEVICE)
-    ws, _ = K.launch_split_select(x, out, topk, Cfg)
-    assert_topk_matches(out, x, topk, what=f"topk={topk}", exact=True)
-    slots = ws[:, K.NREP * K.NBINS + 10:K.NREP * K.NBINS + 18].cpu().long()
-    counted = ws[:, :K.NREP * K.NBINS].sum(1).cpu()
-    in_bin = ws[:, K.NREP * K.NBINS + 9].cpu()
-    keys = _sortable_keys(x.cpu())
-    cand = keys > K.KEY_NINF
-    for t in range(T):
-        lo = K.KEY_NINF + 1
-        for j in range(4):
-            size = K.BOUND_GROUP << j
-            full = sum(bool(cand[t, c:c + 256].view(-1, size).any(1).all()) for c in range(0, L, 256))
-            assert int(slots[t, 2 * j + 1]) == full, (t, j)
-            if full * (256 // size) >= topk:
-                lo = max(lo, 2**32 - 1 - (int(slots[t, 2 * j]) & 0xFFFFFFFF))
-        assert int((cand[t] & (keys[t] >= lo)).sum()) >= min(topk, int(cand[t].sum())), t
-        assert int(counted[t]) == int((cand[t] & (keys[t] >= lo)).sum()), t  # the kernels count from that bound
-        kmax = int(ws[t, K.NREP * K.NBINS + 18]) & 0xFFFFFFFF  # the row maximum the bins span up to
-        assert kmax == (int(keys[t][cand[t]].max()) if cand[t].any() else 0), t
-        if t == 0 and topk <= 30:
-            assert int((keys[t] >= lo).sum()) < L // 4, "the bound excluded too little of an iid row"
-            # bins from the bound to the maximum: a few candidates share the threshold bin (top-11-bit bins would
-            # hold dozens of these N(0, 1) logits)
-            assert int(in_bin[t]) <= 8, int(in_bin[t])
 
 
 @pytest.mark.parametrize("order", ("rising", "falling", "middle"))

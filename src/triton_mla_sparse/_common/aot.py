@@ -1,6 +1,7 @@
 """Ahead-of-time compilation of the kernels for any target, on any machine (no GPU needed).
 
-Used by the compile-matrix test and by ``triton-mla-sparse info``: compiles a kernel configuration for a
+The one cross-operator tool: it builds every operator's kernels. Used by the compile-matrix test and by
+``triton-mla-sparse info``: compiles a kernel configuration for a
 ``GPUTarget`` with the same specialisation a real launch gets (16-byte aligned pointers, strides divisible by 16,
 unit index stride) and reports shared memory, registers and spills read from the binary.
 """
@@ -12,13 +13,21 @@ import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import attention as A
-from .configs import AttentionConfig
+from ..ops.sparse_mla import kernels as A
+from ..ops.sparse_mla.configs import AttentionConfig
+
+if TYPE_CHECKING:
+    from triton.compiler import CompiledKernel
+
+    from ..capabilities import Arch
+    from ..ops.indexer.configs import IndexerConfig
+    from ..ops.topk.split_select import SplitSelectConfig
 
 _PTR_TYPES = {
     "q_nope_ptr": "q", "q_pe_ptr": "q", "kv_ptr": "kv", "idx_ptr": "*i32", "topk_len_ptr": "*i32",
@@ -47,7 +56,7 @@ class CompileReport:
         return bool(self.stack_bytes) or bool(self.local_bytes)
 
 
-def target_for(arch) -> GPUTarget:
+def target_for(arch: Arch) -> GPUTarget:
     """The ``GPUTarget`` of a :class:`~triton_mla_sparse.capabilities.Arch`."""
     return GPUTarget(arch.backend, arch.target, arch.warp_size)
 
@@ -65,8 +74,8 @@ def _compile(fn, sig: dict, const: dict, divisible, arch, num_warps: int, num_st
     return triton.compile(src, target=target_for(arch), options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
-def compile_attention(arch, cfg: AttentionConfig, *, kv_format: str, split: bool, q_dtype: str = "bf16",
-                      has_rope: bool = True):
+def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split: bool, q_dtype: str = "bf16",
+                      has_rope: bool = True) -> CompiledKernel:
     """Compile the attention kernel of ``cfg`` for ``arch`` (worst-case flags: topk_length and sink on)."""
     fmt = A._FMT_CODES[kv_format]
     kv_type = "*u8" if fmt != A.FMT_NATIVE else f"*{'fp16' if kv_format == 'fp16' else 'bf16'}"
@@ -80,7 +89,7 @@ def compile_attention(arch, cfg: AttentionConfig, *, kv_format: str, split: bool
                     cfg.num_stages, ones=("stride_idx_k",))
 
 
-def compile_combine(arch, cfg: AttentionConfig, q_dtype: str = "bf16"):
+def compile_combine(arch: Arch, cfg: AttentionConfig, q_dtype: str = "bf16") -> CompiledKernel:
     """Compile the split-merge kernel of ``cfg`` for ``arch``."""
     sig = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": f"*{q_dtype}",
            "lse_ptr": "*fp32"}
@@ -91,9 +100,9 @@ def compile_combine(arch, cfg: AttentionConfig, q_dtype: str = "bf16"):
     return _compile(A._combine_kernel, sig, const, list(sig)[:5], arch, cfg.combine_warps, 1)
 
 
-def compile_indexer_logits(arch, cfg, *, q_fp8: bool, k_fp8: bool):
+def compile_indexer_logits(arch: Arch, cfg: IndexerConfig, *, q_fp8: bool, k_fp8: bool) -> CompiledKernel:
     """Compile the indexer logits kernel of ``cfg`` (an ``IndexerConfig``) for ``arch``."""
-    from . import indexer as I
+    from ..ops.indexer import kernels as I
 
     q_t = "*u8" if q_fp8 else ("*bf16" if cfg.dot_bf16 else "*fp16")
     k_t = "*u8" if k_fp8 else ("*bf16" if cfg.dot_bf16 else "*fp16")
@@ -115,9 +124,9 @@ def compile_indexer_logits(arch, cfg, *, q_fp8: bool, k_fp8: bool):
     return _compile(I._indexer_logits_kernel, sig, const, div, arch, cfg.num_warps, cfg.num_stages, ones)
 
 
-def compile_split_select(arch, cfg):
+def compile_split_select(arch: Arch, cfg: SplitSelectConfig) -> list[CompiledKernel]:
     """Compile the three kernels of the split top-k select (bound, histogram, then select) for ``arch``."""
-    from . import indexer as I
+    from ..ops.topk import split_select as S
 
     bound_sig = {"x_ptr": "*fp32", "ws_ptr": "*i32"}
     bound_sig.update({n: "i32" for n in ["stride_x_t", "stride_x_p", "stride_w_t", "L", "n_chunks"]})
@@ -127,11 +136,11 @@ def compile_split_select(arch, cfg):
                                        "stride_b_t", "L", "topk", "n_chunks"]})
     const = dict(CHUNK=cfg.split_chunk, BLOCK=cfg.split_block)
     return [
-        _compile(I._topk_bound_kernel, bound_sig, dict(CHUNK=cfg.split_chunk, NB=I.NBINS, NREP=I.NREP),
+        _compile(S._topk_bound_kernel, bound_sig, dict(CHUNK=cfg.split_chunk, NB=S.NBINS, NREP=S.NREP),
                  ["x_ptr", "ws_ptr", "stride_x_t"], arch, 8, 1, ("stride_x_p",)),
-        _compile(I._topk_hist_kernel, hist_sig, dict(const, NB=I.NBINS, NREP=I.NREP), ["x_ptr", "ws_ptr", "stride_x_t"],
+        _compile(S._topk_hist_kernel, hist_sig, dict(const, NB=S.NBINS, NREP=S.NREP), ["x_ptr", "ws_ptr", "stride_x_t"],
                  arch, 8, 1, ("stride_x_p",)),
-        _compile(I._topk_split_select_kernel, sel_sig, dict(const, NB=I.NBINS, NREP=I.NREP),
+        _compile(S._topk_split_select_kernel, sel_sig, dict(const, NB=S.NBINS, NREP=S.NREP),
                  ["x_ptr", "out_ptr", "ws_ptr", "buf_ptr", "stride_x_t", "stride_o_t", "stride_b_t"], arch,
                  8, 1, ("stride_x_p", "stride_o_k")),
     ]
@@ -147,7 +156,9 @@ INDEXER_LOGITS_KERNELS = ("indexer_logits_decode", "indexer_logits_prefill")
 SPLIT_SELECT_KERNELS = ("topk_split_bound", "topk_split_hist", "topk_split_select")  # compile_split_select's order
 
 
-def indexer_matrix_entries():
+def indexer_matrix_entries() -> list[tuple[int, str, str, str]]:
+    """Every (index heads, q format, k format, kernel) the compile matrix builds for the indexer and the split
+    select (heads 0 and no formats for the select's kernels)."""
     return [(hi, qf, kf, kernel) for hi, qf, kf in INDEXER_BUILDS for kernel in INDEXER_LOGITS_KERNELS] + \
         [(0, "", "", kernel) for kernel in SPLIT_SELECT_KERNELS]
 
@@ -156,7 +167,7 @@ def _cuobjdump() -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
-def report(arch, compiled) -> CompileReport:
+def report(arch: Arch, compiled: CompiledKernel) -> CompileReport:
     """Shared memory from Triton's metadata; registers, stack frame and local memory from the cubin."""
     shared = int(compiled.metadata.shared)
     traps = count_traps(arch, compiled)
@@ -176,7 +187,7 @@ def report(arch, compiled) -> CompileReport:
     return CompileReport(arch.name, shared, int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"]), traps)
 
 
-def count_traps(arch, compiled) -> int:
+def count_traps(arch: Arch, compiled: CompiledKernel) -> int:
     """Trap instructions in the build's assembly (PTX ``trap;``, AMDGCN ``s_trap``). None of our kernels asks for
     one; Triton emits a bare trap as the whole kernel body when it cannot lay a kernel out on the target (seen: the
     64-head attention block on sm100 with triton 3.9, whose accumulators need more than the 512 tensor-memory
@@ -189,20 +200,20 @@ def count_traps(arch, compiled) -> int:
 MATRIX_FORMATS = {"16bit": ("bf16",), "fp8_e4m3": ("fp8_e4m3",), "fp8_ds_mla": ("fp8_ds_mla",)}
 
 
-def matrix_entries(arch_name: str):
+def matrix_entries(arch_name: str) -> list[tuple[int, str, str, str]]:
     """Every (head class, cache class, kv format, kernel) the launch table can pick on ``arch_name``."""
-    from .configs import TABLE
+    from ..ops.sparse_mla.configs import TABLE
 
     return [(hc, cc, fmt, kernel) for (hc, cc) in TABLE[arch_name] for fmt in MATRIX_FORMATS[cc]
             for kernel in ("decode", "prefill")]
 
 
-def table_config(arch, hc: int, cc: str, kernel: str) -> AttentionConfig:
+def table_config(arch: Arch, hc: int, cc: str, kernel: str) -> AttentionConfig:
     """The config ``choose_config`` picks on ``arch`` for a head class and cache class (``hc`` heads; split sizes
     are irrelevant to compilation)."""
     import torch
 
-    from .configs import choose_config
+    from ..ops.sparse_mla.configs import choose_config
 
     return choose_config(1, hc, 2048, torch.device("cpu"), kernel, kv_format=MATRIX_FORMATS[cc][0], arch=arch)
 
@@ -228,7 +239,7 @@ def compile_matrix(arch_name: str) -> list[dict]:
     except Exception as e:  # noqa: BLE001
         item["error"] = f"{type(e).__name__}: {e}"
     out.append(item)
-    from ..indexer import indexer_config_for
+    from ..ops.indexer.configs import indexer_config_for
 
     split_builds = None  # the split select's kernels, compiled once for their three entries
     for hi, qf, kf, kernel in indexer_matrix_entries():
@@ -248,9 +259,14 @@ def compile_matrix(arch_name: str) -> list[dict]:
     return out
 
 
-if __name__ == "__main__":  # python -m triton_mla_sparse.kernels.aot ARCH  -> JSON lines
+def main(argv: list[str] | None = None) -> None:
+    """``python -m triton_mla_sparse._common.aot ARCH``: the compile matrix of one target as JSON lines."""
     import json
     import sys
 
-    for row in compile_matrix(sys.argv[1]):
+    for row in compile_matrix((sys.argv[1:] if argv is None else argv)[0]):
         print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,10 +14,19 @@ head block, not once per 16 heads.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import triton
 import triton.language as tl
 
-from .launch import CachedLauncher
+from ..._common.fp8 import e4m3_to_f32 as _e4m3_to_f32
+from ..._common.launch import CachedLauncher
+
+if TYPE_CHECKING:
+    import torch
+
+    from .api import AttentionProblem
+    from .configs import AttentionConfig
 
 # kv_format codes (constexpr)
 FMT_NATIVE = 0  # bf16 / fp16 rows, loaded as stored
@@ -66,20 +75,6 @@ def _gather_rope(p_row, o_r, m_n, FMT: tl.constexpr):
     else:
         p = p_row[:, None] + (512 + o_r)[None, :]
     return tl.load(p, mask=m_n[:, None], other=0)
-
-
-@triton.jit
-def _e4m3_to_f32(raw, SW_FP8: tl.constexpr):
-    """float8_e4m3fn bytes -> float32. With SW_FP8 (GPUs whose Triton cannot lower fp8 conversions: sm80/sm86,
-    gfx942) by integer bit operations: sign and the 7 exponent/mantissa bits moved into a float16 (e4m3 shares
-    float16's layout shifted by 7 bits with an exponent bias 8 lower), then scaled by 2^8 — exact for every finite
-    value and subnormal; the NaN encodings (0x7F, 0xFF) decode to ±480 instead of NaN."""
-    if SW_FP8:
-        x = raw.to(tl.int16)
-        h = ((x & 0x80) << 8) | ((x & 0x7F) << 7)
-        return h.to(tl.float16, bitcast=True).to(tl.float32) * 256.0
-    else:
-        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -276,7 +271,8 @@ _launch_combine = CachedLauncher(_combine_kernel)
 _FMT_CODES = {"bf16": FMT_NATIVE, "fp16": FMT_NATIVE, "fp8_e4m3": FMT_FP8, "fp8_ds_mla": FMT_FP8_DS_MLA}
 
 
-def launch_sparse_mla(p, cfg, out, lse=None):
+def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tensor,
+                      lse: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the kernel(s) of ``cfg`` for the validated problem ``p`` (an ``AttentionProblem``), writing ``out``
     [T, H, 512] and ``lse`` [T, H] float32 (allocated when None); returns ``lse``. No host synchronisation; the
     decode kernel allocates one float32 workspace of T · splits · H · 513 values (+ T · H for an unrequested lse)."""

@@ -8,13 +8,13 @@ import triton.language as tl
 
 from helpers import DEVICE, assert_matches, make_problem, nan_out, run_kernel, run_reference
 
-from triton_mla_sparse.kernels.attention import _e4m3_to_f32
+from triton_mla_sparse._common.fp8 import e4m3_to_f32
 
 
 @triton.jit
 def _decode_all(src, dst, SW_FP8: tl.constexpr):
     o = tl.arange(0, 256)
-    tl.store(dst + o, _e4m3_to_f32(tl.load(src + o), SW_FP8))
+    tl.store(dst + o, e4m3_to_f32(tl.load(src + o), SW_FP8))
 
 
 def test_software_decode_is_exact_on_every_finite_byte():

@@ -10,7 +10,7 @@ import torch
 import triton_mla_sparse as tms
 from helpers import DEVICE, encode, kv_values, place
 from triton_mla_sparse import reference
-from triton_mla_sparse.api import sparse_mla_attention_with_config
+from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
 
 T, H, TOPK, BS, NB = 2, 3, 4, 16, 2
 SENTINEL = 7.0
@@ -288,7 +288,8 @@ def test_limit_messages_give_the_limit_and_reason(impl):
 
 def test_limits_themselves_are_accepted():
     """128 heads, topk 16384 and 2^31 - 1 rows pass validation (checked without running: expanded views)."""
-    from triton_mla_sparse._checks import MAX_HEADS, MAX_ROWS, MAX_TOPK, check_attention_inputs
+    from triton_mla_sparse.capabilities import MAX_HEADS, MAX_TOPK
+    from triton_mla_sparse.ops.sparse_mla.api import MAX_ROWS, check_attention_inputs
 
     assert (MAX_HEADS, MAX_TOPK, MAX_ROWS) == (128, 16384, 2**31 - 1)
     d = good()
@@ -314,7 +315,7 @@ def test_head_block_too_large_for_the_target_is_refused(monkeypatch):
     import torch
 
     from triton_mla_sparse.capabilities import ARCHS
-    from triton_mla_sparse.kernels import configs
+    from triton_mla_sparse.ops.sparse_mla import configs
 
     monkeypatch.setattr(configs, "interpreting", lambda: False)
     with pytest.raises(ValueError, match="block_h: at most 32 on sm100"):

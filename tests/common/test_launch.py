@@ -1,4 +1,4 @@
-"""The cached launcher (kernels/launch.py) keeps one compiled kernel per specialisation key, so its key must separate
+"""The cached launcher (_common/launch.py) keeps one compiled kernel per specialisation key, so its key must separate
 every pair of arguments that Triton's own specialiser (``native_specialize_impl``) separates: ints equal to 1,
 divisible by 16 or not, 32/64-bit and unsigned 64-bit; tensors by dtype and 16-byte alignment, and on ROCm by
 whether their storage is under 2 GiB (buffer operations with 32-bit offsets). Checked here against Triton's
@@ -11,7 +11,7 @@ import triton.language as tl
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 
-import triton_mla_sparse.kernels.launch as L
+import triton_mla_sparse._common.launch as L
 
 INTS = [1, 0, 16, -16, 17, 3, 2**31 - 16, 2**31, 2**31 + 1, 2**40, 2**63 - 1, 2**63, 2**63 + 16, -(2**31), -(2**31) - 1]
 
@@ -58,10 +58,12 @@ def _constexpr_in_the_middle(x_ptr, N: tl.constexpr, y_ptr):
 
 
 def test_launcher_needs_constexprs_last():
-    from triton_mla_sparse.kernels import attention, indexer
+    from triton_mla_sparse.ops.indexer import kernels as logits
+    from triton_mla_sparse.ops.sparse_mla import kernels as attention
+    from triton_mla_sparse.ops.topk import split_select
 
-    for launcher in (attention._launch_fwd, attention._launch_combine, indexer._launch_logits, indexer._launch_bound,
-                     indexer._launch_hist, indexer._launch_split_select):
+    for launcher in (attention._launch_fwd, attention._launch_combine, logits._launch_logits,
+                     split_select._launch_bound, split_select._launch_hist, split_select._launch_split_select):
         assert launcher.names  # built at import: their constexprs are last
     with pytest.raises(TypeError, match="constexpr parameters last"):
         L.CachedLauncher(_constexpr_in_the_middle)

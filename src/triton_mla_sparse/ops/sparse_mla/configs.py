@@ -8,11 +8,15 @@ checks shared memory against the architecture's budget and (NVIDIA) that ptxas r
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
+
+from ..._common.runtime import interpreting, multiprocessor_count
+
+if TYPE_CHECKING:
+    from ...capabilities import Arch
 
 KERNELS = ("auto", "decode", "prefill")
 
@@ -45,8 +49,7 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         (32, "16bit"): _L(32, 64, 8, 2, 1),
         # More than 32 heads: two or more 32-head blocks per row. A 64-head block (bh64 bn64 w8) is faster but
         # spills on sm90 (255 registers + 360 B of stack bf16, 440 B fp8_ds_mla), which the compile matrix forbids.
-        # Spill-free entries measured on the H200 (benchmarks/NOTES.md, session 5): bf16 bh32 bn128 w8 decode h128
-        # 0.247 ms vs 0.229, prefill h64 6.77 vs 5.61; fp8_ds_mla bh32 bn64 w8 0.476 vs 0.239, 13.2 vs 6.0 ms.
+        # The spill-free entries cost some speed against it (measured on the H200, benchmarks/NOTES.md).
         # The 64-head block stays reachable on sm90 with the overrides block_h=64, block_n=64.
         (64, "16bit"): _L(32, 128, 8, 2, 1),
         (16, "fp8_ds_mla"): _L(16, 32, 4, 2, 2),
@@ -112,15 +115,17 @@ _INTERPRETER = Launch(16, 16, 4, 1, 1)
 
 
 def cache_class(kv_format: str) -> str:
+    """The cache class of a format in :data:`TABLE`: ``"16bit"`` for bf16/fp16 rows."""
     return kv_format if kv_format in ("fp8_e4m3", "fp8_ds_mla") else "16bit"
 
 
-def use_sw_fp8(arch, kv_format: str) -> bool:
+def use_sw_fp8(arch: Arch, kv_format: str) -> bool:
     """Decode e4m3 with integer operations: only for fp8 caches on targets without native fp8 conversions."""
     return cache_class(kv_format) != "16bit" and not arch.fp8_hw
 
 
 def head_class(H: int) -> int:
+    """The head class of :data:`TABLE` that ``H`` heads ask for."""
     return 16 if H <= 16 else 32 if H <= 32 else 64
 
 
@@ -138,16 +143,14 @@ class AttentionConfig:
     combine_block_h: int = 8
     combine_warps: int = 4
 
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@functools.lru_cache(maxsize=None)
-def multiprocessor_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # interpreter on the CPU: a small "device" so both kernels get exercised
+    def describe(self) -> str:
+        """Short text: kernel, head block, gather block, splits, warps/stages, and every option switched on."""
+        if self.kernel == "prefill":
+            text = f"prefill bh{self.block_h} bn{self.block_n} w{self.num_warps} st{self.num_stages}"
+        else:
+            text = (f"decode bh{self.block_h} bn{self.block_n} split{self.num_splits}x{self.split_len} "
+                    f"w{self.num_warps} st{self.num_stages}")
+        return text + "".join(f" +{k}" for k, v in vars(self).items() if v is True)
 
 
 def _next_pow2(x: int) -> int:
@@ -175,7 +178,7 @@ def _split_count(rows_x_heads: int, n_blocks: int, slots: int) -> int:
 
 
 def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str = "auto", *,
-                  kv_format: str = "bf16", arch=None, **overrides) -> AttentionConfig:
+                  kv_format: str = "bf16", arch: Arch | None = None, **overrides: object) -> AttentionConfig:
     """Pick the kernel and its launch parameters for ``T`` rows, ``H`` heads and lists of ``topk`` slots.
 
     The table entry of the device's architecture (``arch``, else the device's) sets the head block (every cache
@@ -187,7 +190,7 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     if arch is None and device.type == "cuda":
-        from ..capabilities import arch_for_device
+        from ...capabilities import arch_for_device
 
         arch = arch_for_device(device)
     if arch is None or interpreting():

@@ -1,1 +1,0 @@
-"""Triton kernels. Importing this package imports triton (set TRITON_INTERPRET before, to run on a CPU)."""

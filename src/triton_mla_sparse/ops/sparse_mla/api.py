@@ -1,0 +1,288 @@
+"""Sparse MLA attention on the Triton kernels: validation, capability check, launch configuration and dispatch.
+
+:func:`check_attention_inputs` is shared with the reference: every check runs before any kernel launches or any
+output is written, and each failure is one ``ValueError`` that names the argument and what was expected. The result
+is a normalised :class:`AttentionProblem`. Importing this module touches neither CUDA nor triton.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..._common.runtime import check_kernel_device, device_guard
+from ..._common.validate import check_paged_strides, desc, fail
+# MAX_HEADS and MAX_TOPK: the declared limits, one source
+from ...capabilities import MAX_HEADS, MAX_TOPK, arch_for_device, describe_device, unsupported_reasons
+from ...formats import D_ROPE, D_V, KV_FORMAT_DTYPES, KV_FORMATS, infer_kv_format, kv_row_width
+from .configs import choose_config
+
+__all__ = ["AttentionProblem", "check_attention_inputs", "sparse_mla_attention", "sparse_mla_attention_with_config"]
+
+Q_DTYPES = (torch.float16, torch.bfloat16)
+Query = torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]  # q, or (q_nope, q_pe)
+
+# Limits, checked up front (each with its reason in the error message).
+MAX_ROWS = 2**31 - 1  # query rows go on axis 0 of the launch grid (CUDA's limit: 2^31 - 1 programs)
+
+
+@dataclass
+class AttentionProblem:
+    """Normalised inputs of one sparse MLA attention call."""
+
+    q_nope: torch.Tensor  # [T, H, 512], unit last stride
+    q_pe: torch.Tensor | None  # [T, H, d_rope] or None when d_rope == 0
+    kv: torch.Tensor  # [num_blocks, block_size, row], unit last stride (uint8 view for fp8 formats)
+    kv_format: str
+    indices: torch.Tensor  # int32 [T, topk]
+    softmax_scale: float
+    k_scale: float | torch.Tensor | None
+    topk_length: torch.Tensor | None
+    attn_sink: torch.Tensor | None
+    out: torch.Tensor | None
+    T: int
+    H: int
+    d_rope: int
+    topk: int
+    block_size: int
+    num_slots: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.q_nope.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.q_nope.dtype
+
+
+def _check_q(q):
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2:
+            fail("q", "a tensor or a tuple (q_nope, q_pe)", f"a {type(q).__name__} of {len(q)} items")
+        q_nope, q_pe = q
+        if not isinstance(q_nope, torch.Tensor):
+            fail("q[0] (q_nope)", f"a [T, H, {D_V}] tensor", q_nope)
+        if q_pe is not None and not isinstance(q_pe, torch.Tensor):
+            fail("q[1] (q_pe)", f"a [T, H, {D_ROPE}] tensor or None", q_pe)
+        if q_nope.dtype not in Q_DTYPES:
+            fail("q[0] (q_nope)", "dtype float16 or bfloat16", q_nope)
+        if q_nope.dim() != 3 or q_nope.shape[2] != D_V:
+            fail("q[0] (q_nope)", f"shape [T, H, {D_V}]", q_nope)
+        if q_nope.stride(2) != 1:
+            fail("q[0] (q_nope)", "a unit stride in the last dimension", f"strides {q_nope.stride()}")
+        if q_pe is not None:
+            if q_pe.dtype != q_nope.dtype:
+                fail("q[1] (q_pe)", f"the dtype of q_nope ({q_nope.dtype})", q_pe)
+            if q_pe.dim() != 3 or q_pe.shape[:2] != q_nope.shape[:2] or q_pe.shape[2] not in (0, D_ROPE):
+                fail("q[1] (q_pe)", f"shape [{q_nope.shape[0]}, {q_nope.shape[1]}, {D_ROPE}] (or last dim 0)", q_pe)
+            if q_pe.shape[2] and q_pe.stride(2) != 1:
+                fail("q[1] (q_pe)", "a unit stride in the last dimension", f"strides {q_pe.stride()}")
+            if q_pe.device != q_nope.device:
+                fail("q[1] (q_pe)", f"device {q_nope.device}", q_pe)
+            if q_pe.shape[2] == 0:
+                q_pe = None
+        return q_nope, q_pe
+    if not isinstance(q, torch.Tensor):
+        fail("q", "a tensor [T, H, 576] or a tuple (q_nope, q_pe)", q)
+    if q.dtype not in Q_DTYPES:
+        fail("q", "dtype float16 or bfloat16", q)
+    if q.dim() != 3 or q.shape[2] not in (D_V + D_ROPE, D_V):
+        fail("q", f"shape [T, H, {D_V + D_ROPE}] (or [T, H, {D_V}] for NoPE)", q)
+    if q.stride(2) != 1:
+        fail("q", "a unit stride in the last dimension", f"strides {q.stride()}")
+    return q[..., :D_V], (q[..., D_V:] if q.shape[2] > D_V else None)
+
+
+def _check_kv(kv_cache, kv_format, d_rope, device):
+    if not isinstance(kv_cache, torch.Tensor):
+        fail("kv_cache", "a tensor [num_blocks, block_size, row] or [num_slots, row]", kv_cache)
+    if kv_format is None:
+        kv_format = infer_kv_format(kv_cache)
+        if kv_format is None:
+            fail("kv_cache", "dtype bfloat16, float16, float8_e4m3fn or uint8 (fp8_ds_mla)", kv_cache)
+    elif kv_format not in KV_FORMATS:
+        fail("kv_format", f"one of {KV_FORMATS} or None", repr(kv_format))
+    if kv_cache.dtype != KV_FORMAT_DTYPES[kv_format]:
+        fail("kv_cache", f"dtype {KV_FORMAT_DTYPES[kv_format]} for kv_format {kv_format!r}", kv_cache)
+    if kv_cache.device != device:
+        fail("kv_cache", f"device {device} (the device of q)", kv_cache)
+    row = kv_row_width(kv_format, d_rope)
+    kv = kv_cache
+    if kv.dim() == 4 and kv.shape[2] == 1:  # [num_blocks, block_size, 1, row] (FlashMLA's view)
+        kv = kv[:, :, 0]
+    elif kv.dim() == 2:
+        kv = kv[:, None]
+    if kv.dim() != 3 or kv.shape[2] != row:
+        unit = "bytes" if kv_format == "fp8_ds_mla" else "values"
+        fail("kv_cache", f"shape [num_blocks, block_size, {row}] or [num_slots, {row}] ({row} {unit} per row for "
+             f"kv_format {kv_format!r} and D_qk {D_V + d_rope})", kv_cache)
+    nb, bs, _ = kv.shape
+    check_paged_strides("kv_cache", kv, kv_cache, row)
+    if kv_format == "fp8_ds_mla":
+        misaligned = (nb > 1 and kv.stride(0) % 4) or (bs > 1 and kv.stride(1) % 4) or kv.data_ptr() % 4
+        if misaligned:
+            fail("kv_cache", "fp8_ds_mla rows aligned to 4 bytes (strides and start divisible by 4)",
+                 f"strides {tuple(kv_cache.stride())}, start offset {kv.data_ptr() % 16} mod 16")
+    return kv, kv_format, nb * bs, bs
+
+
+def _check_k_scale(k_scale, kv_format, device):
+    if kv_format != "fp8_e4m3":
+        if k_scale is not None:
+            fail("k_scale", f"None for kv_format {kv_format!r} (it applies to 'fp8_e4m3' only)", k_scale)
+        return None
+    if k_scale is None:
+        fail("k_scale", "a float or a one-element float32 tensor for kv_format 'fp8_e4m3'", "None")
+    if isinstance(k_scale, torch.Tensor):
+        if k_scale.dtype != torch.float32 or k_scale.numel() != 1:
+            fail("k_scale", "a one-element float32 tensor", k_scale)
+        if k_scale.device != device:
+            fail("k_scale", f"device {device} (the device of q)", k_scale)
+        return k_scale.reshape(1)
+    if isinstance(k_scale, bool) or not isinstance(k_scale, (int, float)):
+        fail("k_scale", "a float or a one-element float32 tensor", desc(k_scale))
+    if not math.isfinite(k_scale) or k_scale <= 0:
+        fail("k_scale", "a finite positive number", f"{k_scale!r}")
+    return float(k_scale)
+
+
+def _check_optional_vector(arg, x, dtype, n, device):
+    """An optional 1-D tensor of ``n`` values of ``dtype`` on q's device (any stride)."""
+    if x is None:
+        return
+    if not isinstance(x, torch.Tensor) or x.dtype != dtype:
+        fail(arg, f"a {str(dtype).replace('torch.', '')} tensor [{n}] or None", x)
+    if x.shape != (n,):
+        fail(arg, f"shape [{n}]", x)
+    if x.device != device:
+        fail(arg, f"device {device} (the device of q)", x)
+
+
+def check_attention_inputs(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float, *,
+                           kv_format: str | None = None, k_scale: float | torch.Tensor | None = None,
+                           topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
+                           out: torch.Tensor | None = None) -> AttentionProblem:
+    """Validate the arguments of ``sparse_mla_attention`` and return them normalised (no copies)."""
+    q_nope, q_pe = _check_q(q)
+    T, H = q_nope.shape[:2]
+    device = q_nope.device
+    d_rope = 0 if q_pe is None else q_pe.shape[2]
+    if H < 1:
+        fail("q", "at least one head", q_nope)
+    if H > MAX_HEADS:
+        fail("q", f"at most {MAX_HEADS} heads (the kernels are tuned and tested for 1..{MAX_HEADS} heads, the "
+             f"largest count of the supported models; split the heads into calls of at most {MAX_HEADS})", q_nope)
+    if T > MAX_ROWS:
+        fail("q", f"at most {MAX_ROWS} rows (each row is one program on axis 0 of the launch grid, whose limit is "
+             f"2^31 - 1; split the batch)", q_nope)
+    kv, kv_format, num_slots, block_size = _check_kv(kv_cache, kv_format, d_rope, device)
+    if kv_format == "fp8_ds_mla" and d_rope not in (0, D_ROPE):
+        fail("q", f"D_rope {D_ROPE} or 0 for fp8_ds_mla", q_nope)
+
+    if isinstance(indices, torch.Tensor) and indices.dim() == 3 and indices.shape[1] == 1:
+        indices = indices[:, 0]  # FlashMLA's [T, 1, topk]
+    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
+        fail("indices", "an int32 tensor [T, topk]", indices)
+    if indices.dim() != 2 or indices.shape[0] != T or indices.shape[1] < 1:
+        fail("indices", f"shape [{T}, topk] with topk >= 1", indices)
+    if indices.shape[1] > MAX_TOPK:
+        fail("indices", f"topk <= {MAX_TOPK} (the longest top-k list the kernels are tested for; a longer list "
+             f"can be split into chunks whose (out, lse) pairs are merged by log-sum-exp)", indices)
+    if indices.device != device:
+        fail("indices", f"device {device} (the device of q)", indices)
+
+    if isinstance(softmax_scale, torch.Tensor) or isinstance(softmax_scale, bool) or \
+            not isinstance(softmax_scale, (int, float)):
+        fail("softmax_scale", "a Python float", desc(softmax_scale))
+    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        fail("softmax_scale", "a finite positive number", f"{softmax_scale!r}")
+
+    k_scale = _check_k_scale(k_scale, kv_format, device)
+
+    _check_optional_vector("topk_length", topk_length, torch.int32, T, device)
+    _check_optional_vector("attn_sink", attn_sink, torch.float32, H, device)
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.dtype != q_nope.dtype:
+            fail("out", f"a {q_nope.dtype} tensor [{T}, {H}, {D_V}] (q's dtype)", out)
+        if out.shape != (T, H, D_V):
+            fail("out", f"shape [{T}, {H}, {D_V}]", out)
+        if out.stride(2) != 1:
+            fail("out", "a unit stride in the last dimension", f"strides {out.stride()}")
+        if out.device != device:
+            fail("out", f"device {device} (the device of q)", out)
+    return AttentionProblem(q_nope=q_nope, q_pe=q_pe, kv=kv, kv_format=kv_format, indices=indices,
+                            softmax_scale=float(softmax_scale), k_scale=k_scale, topk_length=topk_length,
+                            attn_sink=attn_sink, out=out, T=T, H=H, d_rope=d_rope, topk=indices.shape[1],
+                            block_size=block_size, num_slots=num_slots)
+
+
+def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float, *,
+                         kv_format: str | None = None, k_scale: float | torch.Tensor | None = None,
+                         topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
+                         out: torch.Tensor | None = None, return_lse: bool = False
+                         ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA attention with the Triton kernels.
+
+    Same arguments, semantics and results as :func:`triton_mla_sparse.reference.sparse_mla_attention` (whose
+    docstring is the contract): returns ``out [T, H, 512]`` in q's dtype (written into ``out=`` when given) and,
+    with ``return_lse=True``, ``lse [T, H]`` float32 (natural log, -inf for a row with no valid index).
+    The decode (split top-k) or prefill kernel is chosen from rows × heads against the GPU's multiprocessor count.
+    Tensors must be on a CUDA device (or on the CPU with ``TRITON_INTERPRET=1`` set before triton is imported).
+    """
+    return sparse_mla_attention_with_config(q, kv_cache, indices, softmax_scale, kv_format=kv_format,
+                                            k_scale=k_scale, topk_length=topk_length, attn_sink=attn_sink, out=out,
+                                            return_lse=return_lse)
+
+
+def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
+                                     *, kv_format: str | None = None, k_scale: float | torch.Tensor | None = None,
+                                     topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
+                                     out: torch.Tensor | None = None, return_lse: bool = False, kernel: str = "auto",
+                                     return_config: bool = False, **config_overrides: object
+                                     ) -> torch.Tensor | tuple:
+    """:func:`sparse_mla_attention` with the kernel choice exposed: ``kernel`` is ``"auto"``, ``"decode"`` or
+    ``"prefill"``; ``config_overrides`` replace fields of the chosen
+    :class:`~triton_mla_sparse.ops.sparse_mla.configs.AttentionConfig`; ``return_config`` appends the config used."""
+    p = check_attention_inputs(q, kv_cache, indices, softmax_scale, kv_format=kv_format, k_scale=k_scale,
+                               topk_length=topk_length, attn_sink=attn_sink, out=out)
+    dev = p.device
+    check_kernel_device(dev)
+    arch = None
+    if dev.type == "cuda":
+        arch = arch_for_device(dev)
+        reasons = _unsupported(arch, p.dtype, p.kv_format, p.d_rope, p.H, p.topk, p.block_size, dev)
+        if reasons:
+            raise ValueError(f"q: this configuration is not supported on {describe_device(dev)}: "
+                             + "; ".join(reasons))
+    if config_overrides:
+        cfg = choose_config(p.T, p.H, p.topk, dev, kernel, kv_format=p.kv_format, arch=arch, **config_overrides)
+    else:
+        cfg = _choose_config(p.T, p.H, p.topk, dev, kernel, p.kv_format, arch)
+    result = out if out is not None else torch.empty(p.T, p.H, D_V, dtype=p.dtype, device=dev)
+    lse = torch.empty(p.T, p.H, dtype=torch.float32, device=dev) if return_lse else None
+    if p.T > 0:
+        from .kernels import launch_sparse_mla
+
+        with device_guard(dev):
+            lse = launch_sparse_mla(p, cfg, result, lse)
+    ret = (result, lse) if return_lse else result
+    if return_config:
+        return (*ret, cfg) if return_lse else (ret, cfg)
+    return ret
+
+
+# Per-call host work is part of every eager decode step (tens of microseconds against a ~60 µs kernel), so the
+# pure functions of the problem's shape are memoised: the capability check and the launch configuration.
+@functools.lru_cache(maxsize=4096)
+def _unsupported(arch, q_dtype, kv_format, d_rope, heads, topk, block_size, dev):
+    return tuple(unsupported_reasons(arch, q_dtype=q_dtype, kv_format=kv_format, d_rope=d_rope, heads=heads,
+                                     topk=topk, block_size=block_size, device_desc=describe_device(dev)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose_config(T, H, topk, dev, kernel, kv_format, arch):
+    return choose_config(T, H, topk, dev, kernel, kv_format=kv_format, arch=arch)

@@ -1,0 +1,117 @@
+"""Plain-PyTorch reference of sparse MLA attention: the executable specification of the attention kernels.
+
+It runs on any device, in float32 by default (``compute_dtype=torch.float64`` when asked), and favours clarity over
+speed. :mod:`triton_mla_sparse.reference` re-exports it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...formats import D_V, dequantize_fp8_ds_mla_float
+from .api import AttentionProblem, Query, check_attention_inputs
+
+__all__ = ["dequantize_rows", "sparse_mla_attention"]
+
+
+def dequantize_rows(p: AttentionProblem, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Real values ``[..., 512 + d_rope]`` of raw cache rows of ``p``'s format (``rows`` as stored)."""
+    d_qk = D_V + p.d_rope
+    if p.kv_format == "fp8_ds_mla":
+        return dequantize_fp8_ds_mla_float(rows, dtype)[..., :d_qk]
+    vals = rows.to(dtype)
+    if p.kv_format == "fp8_e4m3":
+        scale = p.k_scale.to(device=rows.device, dtype=dtype) if isinstance(p.k_scale, torch.Tensor) else p.k_scale
+        vals = vals * scale
+    return vals
+
+
+def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float, *,
+                         kv_format: str | None = None, k_scale: float | torch.Tensor | None = None,
+                         topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
+                         out: torch.Tensor | None = None, return_lse: bool = False,
+                         compute_dtype: torch.dtype = torch.float32, out_dtype: torch.dtype | None = None
+                         ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    r"""Sparse MLA attention over a paged cache (absorbed MLA, one shared KV head).
+
+    Arguments
+      q             ``[T, H, D_qk]`` float16/bfloat16 with D_qk = 576 (512 latent + 64 RoPE) or 512 (NoPE), or a tuple
+                    ``(q_nope [T, H, 512], q_pe [T, H, 64])`` (``q_pe`` may be None or have last dim 0 for NoPE).
+                    Any strides with a unit last dimension.
+      kv_cache      ``[num_blocks, block_size, row]``, ``[num_blocks, block_size, 1, row]`` or ``[num_slots, row]``,
+                    any block stride >= block_size · row stride. Formats (see :mod:`triton_mla_sparse.formats`):
+                    ``"bf16"``/``"fp16"`` rows of D_qk values; ``"fp8_e4m3"`` float8_e4m3fn rows of D_qk values,
+                    real value = stored · ``k_scale``; ``"fp8_ds_mla"`` uint8 rows of 656 bytes (with D_qk = 512
+                    the RoPE bytes are not read). ``kv_format=None`` infers the format from the dtype.
+      indices       int32 ``[T, topk]`` (or ``[T, 1, topk]``), global slot ids ``block · block_size + offset``.
+                    A value < 0 or >= num_slots (= num_blocks · block_size) means "no token": it is skipped and its
+                    row is never read. Any topk >= 1. A slot listed twice counts twice.
+      softmax_scale finite positive float; scores are ``softmax_scale · <q[t,h], K[s]>`` over all D_qk dims.
+      k_scale       float or one-element float32 tensor: required for ``"fp8_e4m3"``, must be None otherwise.
+      topk_length   optional int32 ``[T]``: row t uses only ``indices[t, :topk_length[t]]`` (values clamped to
+                    [0, topk]).
+      attn_sink     optional float32 ``[H]``: ``out[t, h] *= exp(lse) / (exp(lse) + exp(attn_sink[h]))``; lse is
+                    returned without the sink.
+      out           optional ``[T, H, 512]`` tensor of the output dtype to write into (any strides, unit last).
+      return_lse    also return ``lse [T, H]`` float32 (float64 when computing in float64).
+
+    Result, per row t and head h, over the valid entries j of row t (after topk_length):
+      ``s_j = softmax_scale · <q[t,h], K[I[t,j]]>``, ``lse = ln Σ_j exp(s_j)`` (natural log),
+      ``out[t,h] = Σ_j exp(s_j - lse) · K[I[t,j]][:512]`` (V is the latent part of the same row).
+      A row with no valid entry gives ``out = 0`` and ``lse = -inf`` (vLLM's merge convention; FlashMLA returns
+      +inf there).
+
+    Returns ``out`` in ``out_dtype`` (default: q's dtype, like the Triton path), and ``(out, lse)`` when
+    ``return_lse``. Arithmetic is in ``compute_dtype`` (float32 or float64). Invalid arguments raise one
+    ``ValueError`` naming the argument before anything is written.
+    """
+    if compute_dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"compute_dtype: expected torch.float32 or torch.float64, got {compute_dtype}")
+    p = check_attention_inputs(q, kv_cache, indices, softmax_scale, kv_format=kv_format, k_scale=k_scale,
+                               topk_length=topk_length, attn_sink=attn_sink, out=out)
+    cd = compute_dtype
+    T, H = p.T, p.H
+    dev = p.device
+    q_full = p.q_nope.to(cd) if p.q_pe is None else torch.cat([p.q_nope.to(cd), p.q_pe.to(cd)], dim=-1)
+    idx = p.indices.long()
+    valid = (idx >= 0) & (idx < p.num_slots)
+    if p.topk_length is not None:
+        n = p.topk_length.long().clamp(0, p.topk)
+        valid &= torch.arange(p.topk, device=dev)[None, :] < n[:, None]
+    safe = torch.where(valid, idx, torch.zeros_like(idx))
+    blk, off = safe // p.block_size, safe % p.block_size
+
+    res = torch.empty(T, H, D_V, dtype=cd, device=dev)
+    lse = torch.empty(T, H, dtype=cd, device=dev)
+    # Gather in row chunks so a large problem (thousands of rows x topk 2048) stays within memory.
+    chunk = max(1, (1 << 26) // max(1, p.topk * q_full.shape[-1]))
+    for t0 in range(0, T, chunk):
+        sl = slice(t0, min(T, t0 + chunk))
+        if p.num_slots == 0:  # an empty cache: every entry is invalid, nothing to gather
+            raw = p.kv.new_zeros(sl.stop - sl.start, p.topk, p.kv.shape[2])
+        else:
+            raw = p.kv[blk[sl], off[sl]]  # [t, topk, row] as stored
+        k = dequantize_rows(p, raw, cd)  # [t, topk, D_qk]
+        k = k.masked_fill(~valid[sl, :, None], 0.0)  # invalid entries read slot 0: never let its values leak
+        s = torch.einsum("thd,tkd->thk", q_full[sl], k) * p.softmax_scale
+        s = s.masked_fill(~valid[sl, None, :], -math.inf)
+        row_lse = torch.logsumexp(s, dim=-1)  # -inf for a row with no valid entry
+        w = torch.exp(s - torch.where(torch.isinf(row_lse), torch.zeros_like(row_lse), row_lse)[..., None])
+        res[sl] = torch.einsum("thk,tkd->thd", w, k[..., :D_V])
+        lse[sl] = row_lse
+    if p.attn_sink is not None:
+        # exp(lse) / (exp(lse) + exp(sink)); a row without valid entries has out = 0 whatever the sink (the where
+        # keeps sink = -inf from giving sigmoid(-inf - -inf) = NaN there).
+        factor = torch.sigmoid(lse - p.attn_sink.to(cd)[None, :])
+        res = res * torch.where(torch.isneginf(lse), torch.zeros_like(factor), factor)[..., None]
+    result_dtype = out_dtype if out_dtype is not None else p.dtype
+    if out is not None:
+        out.copy_(res)
+        result = out
+    else:
+        result = res.to(result_dtype)
+    if return_lse:
+        return result, lse
+    return result
