@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Tests of the vLLM plugin against the real vLLM 0.33.0 package, in its own cached virtual environment.
 #
-#   bash ci/vllm-env.sh                 # create/reuse the venv, then: python -m pytest -q tests/vllm
+#   bash ci/vllm-env.sh                 # create/reuse the venv, then: pytest -q tests/integrations/vllm
 #   bash ci/vllm-env.sh CMD [ARGS...]   # create/reuse the venv, then run CMD inside it, e.g.
-#                                       #   bash ci/vllm-env.sh python -m triton_mla_sparse.select -c 8.9 -m glm5 --tp 8
+#                                       #   bash ci/vllm-env.sh python -m triton_mla_sparse.integrations.vllm.select \
+#                                       #       -c 8.9 -m glm5 --tp 8
 #   bash ci/vllm-env.sh --setup-only    # only create/refresh the venv and the libcuda stand-in
 #
 # Environment:
@@ -13,7 +14,8 @@
 #
 # The venv pins torch 2.14 (a CUDA build) through vllm==0.33.0: ~5 minutes and ~9.4 GB the first time.
 # vLLM's CUDA platform module needs libcuda.so.1 even to import; on GPU-less machines (CI) a stand-in built from
-# tests/vllm/libcuda_stub.c exports the three entry points it resolves, each answering CUDA_ERROR_NO_DEVICE.
+# tests/integrations/vllm/libcuda_stub.c exports the three entry points it resolves, each answering
+# CUDA_ERROR_NO_DEVICE.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -72,7 +74,7 @@ if [ "$use_stub" = auto ]; then
 fi
 if [ "$use_stub" = 1 ]; then
     STUB_DIR="$VENV/tms-libcuda-stub"
-    SRC="$REPO/tests/vllm/libcuda_stub.c"
+    SRC="$REPO/tests/integrations/vllm/libcuda_stub.c"
     if [ ! -f "$STUB_DIR/libcuda.so.1" ] || [ "$SRC" -nt "$STUB_DIR/libcuda.so.1" ]; then
         mkdir -p "$STUB_DIR"
         CC="${CC:-$(command -v gcc || command -v cc || true)}"
@@ -97,4 +99,4 @@ if [ "$#" -gt 0 ]; then
 fi
 log "running the vLLM plugin tests"
 export TMS_VLLM_REQUIRED=1  # fail (not skip) when vLLM's CUDA platform module does not import
-exec "$VENV/bin/python" -m pytest -q tests/vllm
+exec "$VENV/bin/python" -m pytest -q tests/integrations/vllm

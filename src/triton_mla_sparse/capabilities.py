@@ -3,8 +3,10 @@
 One place answers "does this run here?": the architectures (CUDA compute capabilities and ROCm gfx targets) with the
 resources the launch-configuration table budgets for, and the problem limits. :func:`unsupported_reasons` returns
 the list of reasons a configuration is not supported (empty = supported); ``sparse_mla_attention`` raises them as
-one ``ValueError`` before anything is launched, and the vLLM backend and ``triton-mla-sparse info`` read the same
-data.
+one ``ValueError`` before anything is launched. The device part is :func:`capability_reasons` (the lookup
+:func:`arch_for_target`, which :func:`arch_for_device` uses too), the problem part :func:`problem_reasons`; the vLLM
+backend (``supports_compute_capability``, ``supports_combination``), ``triton-mla-sparse select`` and
+``triton-mla-sparse info`` call the same functions.
 """
 
 from __future__ import annotations
@@ -56,35 +58,75 @@ def arch_for_capability(capability: tuple[int, int]) -> Arch | None:
     return None
 
 
+def arch_for_target(capability: tuple[int, int] | None = None, hip_arch: str | None = None) -> Arch | None:
+    """The family of a GPU: by its ROCm gfx name when ``hip_arch`` is given (e.g. "gfx942:sramecc+:xnack-"; the
+    compute capability HIP derives from it is coarser: gfx940, gfx941 and gfx942 are all 9.4), else by its CUDA
+    compute capability; None when undeclared."""
+    if hip_arch is not None:
+        arch = ARCHS.get(hip_arch.split(":")[0])
+        return arch if arch is not None and arch.backend == "hip" else None
+    if capability is None:
+        raise ValueError("arch_for_target: give a capability or a hip_arch")
+    return arch_for_capability(capability)
+
+
+def target_desc(capability: tuple[int, int] | None = None, hip_arch: str | None = None) -> str:
+    """How reasons name a GPU: "compute capability 8.9" (CUDA) or "gfx942" (ROCm)."""
+    if hip_arch is not None:
+        return hip_arch.split(":")[0]
+    major, minor = capability
+    return f"compute capability {major}.{minor}"
+
+
+def _undeclared(device_desc: str) -> str:
+    declared = ", ".join(f"{a.name} ({', '.join(f'{x}.{y}' for x, y in a.capabilities) or a.target})"
+                         for a in ARCHS.values())
+    return f"{device_desc} is not a declared architecture (declared: {declared})"
+
+
+def capability_reasons(capability: tuple[int, int] | None = None, hip_arch: str | None = None) -> list[str]:
+    """Why the kernels do not run on this GPU (empty list: they do); arguments as for :func:`arch_for_target`."""
+    if arch_for_target(capability, hip_arch) is not None:
+        return []
+    return [_undeclared(target_desc(capability, hip_arch))]
+
+
+def supports_capability(capability: tuple[int, int] | None = None, hip_arch: str | None = None) -> bool:
+    """Whether the kernels run on this GPU (:func:`capability_reasons` is empty)."""
+    return not capability_reasons(capability, hip_arch)
+
+
 @functools.lru_cache(maxsize=None)
 def arch_for_device(device: torch.device) -> Arch | None:
     """The family of a CUDA/ROCm device (None for an undeclared GPU). Queried lazily, cached per device."""
     if device.type != "cuda":
         return None
     if getattr(torch.version, "hip", None):
-        name = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
-        return ARCHS.get(name)
-    return arch_for_capability(torch.cuda.get_device_capability(device))
+        return arch_for_target(hip_arch=torch.cuda.get_device_properties(device).gcnArchName)
+    return arch_for_target(tuple(torch.cuda.get_device_capability(device)))
 
 
 @functools.lru_cache(maxsize=None)
 def describe_device(device: torch.device) -> str:
     """"compute capability X.Y" (CUDA) or the gfx name (ROCm) of a device; cached per device."""
     if getattr(torch.version, "hip", None):
-        return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"compute capability {major}.{minor}"
+        return target_desc(hip_arch=torch.cuda.get_device_properties(device).gcnArchName)
+    return target_desc(tuple(torch.cuda.get_device_capability(device)))
 
 
 def unsupported_reasons(arch: Arch | None, *, q_dtype: torch.dtype = torch.bfloat16, kv_format: str = "bf16",
                         d_v: int = D_V, d_rope: int = D_ROPE, heads: int = 16, topk: int = 2048,
                         block_size: int = 64, device_desc: str = "this GPU") -> list[str]:
     """Why the kernels do not support this configuration on ``arch`` (empty list: supported)."""
+    reasons = [] if arch is not None else [_undeclared(device_desc)]
+    return reasons + problem_reasons(q_dtype=q_dtype, kv_format=kv_format, d_v=d_v, d_rope=d_rope, heads=heads,
+                                     topk=topk, block_size=block_size)
+
+
+def problem_reasons(*, q_dtype: torch.dtype = torch.bfloat16, kv_format: str = "bf16", d_v: int = D_V,
+                    d_rope: int = D_ROPE, heads: int = 16, topk: int = 2048, block_size: int = 64) -> list[str]:
+    """Why the kernels do not support this problem on any GPU (empty list: supported)."""
     reasons = []
-    if arch is None:
-        declared = ", ".join(f"{a.name} ({', '.join(f'{x}.{y}' for x, y in a.capabilities) or a.target})"
-                             for a in ARCHS.values())
-        reasons.append(f"{device_desc} is not a declared architecture (declared: {declared})")
     if q_dtype not in Q_DTYPES:
         reasons.append(f"q dtype {q_dtype} is not supported (float16 or bfloat16)")
     if kv_format not in KV_FORMATS:

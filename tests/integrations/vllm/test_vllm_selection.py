@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 
-from triton_mla_sparse.integrations import vllm as plugin
-from triton_mla_sparse.select import MODELS, evaluate, select_main
+from triton_mla_sparse.integrations.vllm import policy
+from triton_mla_sparse.integrations.vllm.select import MODELS, evaluate, select_main
 
 CAPABILITIES = [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
 ACCEPTED_KV = ["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_ds_mla"]
@@ -53,6 +53,8 @@ def test_vllm_validation_accepts(cuda_platform_module, vllm_configs, model, cap)
 @pytest.mark.parametrize("overrides,reason", [
     (dict(device_capability=(7, 5)), "compute capability not supported"),
     (dict(device_capability=(7, 0)), "compute capability not supported"),
+    (dict(device_capability=(11, 0)), "compute capability not supported"),
+    (dict(device_capability=(13, 0)), "compute capability not supported"),
     (dict(kv_cache_dtype="nvfp4_ds_mla"), "kv_cache_dtype not supported"),
     (dict(kv_cache_dtype="fp8_e5m2"), "kv_cache_dtype not supported"),
     (dict(dtype=torch.float32), "dtype not supported"),
@@ -73,10 +75,13 @@ def test_vllm_validation_rejects_other_model_shapes(cuda_platform_module, tmp_pa
 
     from vllm.config import DeviceConfig, VllmConfig
 
-    from triton_mla_sparse.select import _model_config
+    from triton_mla_sparse.integrations.vllm.select import _model_config
 
-    for dims, reason in [(dict(kv_lora_rank=256), "requires kv_lora_rank 512, got 256"),
-                         (dict(qk_rope_head_dim=32), "requires qk_rope_head_dim 64 (or 0 for NoPE), got 32")]:
+    for dims, reason in [(dict(kv_lora_rank=256), "TRITON_MLA_SPARSE: D_v = 256 is not supported (only 512)"),
+                         (dict(qk_rope_head_dim=32), "TRITON_MLA_SPARSE: D_rope = 32 is not supported (only 64, or 0 "
+                                                     "for NoPE)"),
+                         (dict(index_topk=32768), "TRITON_MLA_SPARSE: top-k 32768 is not supported (1 to 16384)"),
+                         (dict(num_heads=256), "TRITON_MLA_SPARSE: 256 heads are not supported (1 to 128 per call)")]:
         shape = replace(MODELS["dsv32"], **dims)
         vc = VllmConfig(model_config=_model_config(shape, "bfloat16", str(tmp_path)),
                         device_config=DeviceConfig(device="cpu"))
@@ -162,4 +167,25 @@ def test_select_declarations_only(capsys):
     assert "declarations only" in out and "TRITON_MLA_SPARSE: accepted" in out
     assert select_main(["-c", "7.5", "-m", "glm5", "--no-vllm"]) == 1
     assert "compute capability not supported" in capsys.readouterr().out
-    assert plugin.static_reasons(major=8, head_size=576, dtype="bfloat16", kv_cache_dtype="fp8_ds_mla") == []
+    assert policy.static_reasons(capability=(8, 9), head_size=576, dtype="bfloat16", kv_cache_dtype="fp8_ds_mla") == []
+    assert select_main(["-c", "11.0", "-m", "glm5", "--no-vllm"]) == 1  # not a declared architecture
+    assert "compute capability not supported" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model", ["glm5", "dsv32"])
+def test_static_reasons_equal_vllm_validation(cuda_platform_module, vllm_configs, model):
+    """static_reasons (select --no-vllm) says what vLLM's validate_configuration says, for every combination."""
+    vc = vllm_configs[model]
+    shape = MODELS[model]
+    heads = vc.model_config.get_num_attention_heads(vc.parallel_config)
+    for cap in [(7, 5), (8, 0), (8, 9), (9, 0), (11, 0), (12, 1), (13, 0)]:
+        for head_size in (576, 512, 128):
+            for dtype in ("bfloat16", "float16", "float32"):
+                for kv in ("auto", "bfloat16", "fp8", "fp8_ds_mla", "fp8_e5m2", "nvfp4_ds_mla"):
+                    want = validate(vc, device_capability=cap, head_size=head_size, dtype=getattr(torch, dtype),
+                                    kv_cache_dtype=kv)
+                    got = policy.static_reasons(capability=cap, head_size=head_size, dtype=dtype, kv_cache_dtype=kv,
+                                                kv_lora_rank=shape.kv_lora_rank,
+                                                qk_rope_head_dim=shape.qk_rope_head_dim,
+                                                index_topk=shape.index_topk, heads=heads)
+                    assert got == want, (cap, head_size, dtype, kv)

@@ -57,7 +57,7 @@ MODEL_DIMS = {  # (heads per GPU at TP 8, qk_nope, qk_rope, v_head)
 
 
 def make_impl(model: str, kv_cache_dtype: str):
-    from triton_mla_sparse.integrations.vllm_backend import TritonMLASparseImpl
+    from triton_mla_sparse.integrations.vllm.backend import TritonMLASparseImpl
 
     heads, nope, rope, v = MODEL_DIMS[model]
     return TritonMLASparseImpl(
@@ -192,7 +192,7 @@ def test_forward_mqa_kernel_fused_q_and_uint8_fp8_view(dist_env):
 
 
 def test_impl_constructs_on_cpu_and_declares(dist_env):
-    from triton_mla_sparse.integrations.vllm_backend import TritonMLASparseImpl
+    from triton_mla_sparse.integrations.vllm.backend import TritonMLASparseImpl
 
     impl = make_impl("glm5", "fp8_ds_mla")
     assert impl.is_sparse and impl.supports_dense_mha_prefill and impl.lse_base_on_e
@@ -210,7 +210,7 @@ def test_impl_constructs_on_cpu_and_declares(dist_env):
     (dict(attn_type="encoder"), "decoder"),
 ])
 def test_impl_rejects_unsupported(dist_env, kwargs, match):
-    from triton_mla_sparse.integrations.vllm_backend import TritonMLASparseImpl
+    from triton_mla_sparse.integrations.vllm.backend import TritonMLASparseImpl
 
     args = dict(num_heads=8, head_size=576, scale=0.0625, num_kv_heads=1, alibi_slopes=None, sliding_window=None,
                 kv_cache_dtype="auto", logits_soft_cap=None, attn_type="decoder", kv_sharing_target_layer_name=None,
@@ -231,7 +231,7 @@ def test_backend_spec_and_metadata_builder(cuda_platform_module, vllm_configs, m
     from vllm.v1.attention.backend import AttentionCGSupport
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
-    from triton_mla_sparse.integrations.vllm_backend import TritonMLASparseBackend, TritonMLASparseMetadataBuilder
+    from triton_mla_sparse.integrations.vllm.backend import TritonMLASparseBackend, TritonMLASparseMetadataBuilder
 
     monkeypatch.setattr(sparse_mla, "PIN_MEMORY", False)  # pinned host buffers need the NVIDIA driver
     vc = vllm_configs["glm5"]

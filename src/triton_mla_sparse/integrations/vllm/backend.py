@@ -21,8 +21,9 @@ Kernels and data
   * The softmax lse (natural log, ``-inf`` for rows with no valid index, vLLM's merge convention) is returned when
     vLLM asks for it (``need_to_return_lse_for_decode``, i.e. under decode context parallelism).
   * The kernel variant (split-top-k "decode" or one-program-per-row "prefill") is chosen from the batch shape by
-    :func:`triton_mla_sparse.api.sparse_mla_attention_with_config` (``kernel="auto"``); its configurations are
-    pinned per shape (no autotuning), so decode batches can be captured in CUDA graphs (``UNIFORM_BATCH``).
+    :func:`triton_mla_sparse.ops.sparse_mla.sparse_mla_attention_with_config` (``kernel="auto"``); its
+    configurations are pinned per shape (no autotuning), so decode batches can be captured in CUDA graphs
+    (``UNIFORM_BATCH``).
 
 Prefill routing
   The impl keeps vLLM's default ``supports_dense_mha_prefill = True``. vLLM then routes a batch's prefill requests
@@ -37,9 +38,10 @@ Prefill routing
   ``--attention-config '{"sparse_mla_force_mqa": true}'`` (vLLM's option) sends all prefills through our kernels.
   Decode requests (query length <= the reorder threshold, 1 + speculative tokens) always use our kernels.
 
-Capability: CUDA compute capability 8.0 or newer (declared here until ``triton_mla_sparse.capabilities`` exists).
-Nothing here touches CUDA at construction: the classes import and construct on a CPU (tests run the impl through
-Triton's interpreter).
+Capabilities and limits come from :mod:`triton_mla_sparse.capabilities` through
+:mod:`triton_mla_sparse.integrations.vllm.policy`: vLLM accepts this backend exactly where ``sparse_mla_attention``
+would run. Nothing here touches CUDA at construction: the classes import and construct on a CPU (tests run the impl
+through Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -65,14 +67,14 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.mla.sparse_utils import align_blocks_to_rows, flat_kv_row_view
 from vllm.v1.kv_cache_interface import AttentionSpec
 
-from ..formats import D_ROPE, D_V
-from .vllm import (
+from ...capabilities import Q_DTYPES, supports_capability
+from ...formats import D_ROPE
+from .policy import (
     BACKEND_NAME,
+    KV_CACHE_FORMATS,
     KV_LORA_RANK,
-    MIN_CAPABILITY_MAJOR,
-    ROPE_DIMS,
     SUPPORTED_HEAD_SIZES,
-    SUPPORTED_KV_CACHE_DTYPES,
+    model_reasons,
 )
 
 __all__ = [
@@ -83,22 +85,22 @@ __all__ = [
     "KV_CACHE_FORMATS",
 ]
 
-#: vLLM kv-cache dtype -> this package's kv_format (None: inferred from the cache tensor, bf16 or fp16).
-KV_CACHE_FORMATS: dict[str, str | None] = {
-    "auto": None,
-    "bfloat16": None,
-    "float16": None,
-    "fp8": "fp8_e4m3",
-    "fp8_e4m3": "fp8_e4m3",
-    "fp8_ds_mla": "fp8_ds_mla",
-}
-assert tuple(KV_CACHE_FORMATS) == SUPPORTED_KV_CACHE_DTYPES
+
+def _rocm_arch() -> str | None:
+    """The gfx name vLLM's ROCm platform read (without initialising the GPU) when it is vLLM's platform, else None."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_rocm():
+        return None
+    import vllm.platforms.rocm as rocm
+
+    return rocm._GCN_ARCH  # vLLM 0.33's name for it; the capability it derives is coarser (gfx940..942: 9.4)
 
 
 class TritonMLASparseBackend(AttentionBackend):
-    """Sparse MLA with the portable Triton kernels of triton-mla-sparse (SM80+)."""
+    """Sparse MLA with the portable Triton kernels of triton-mla-sparse (the declared architectures)."""
 
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.bfloat16, torch.float16]
+    supported_dtypes: ClassVar[list[torch.dtype]] = list(Q_DTYPES)
     supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = list(KV_CACHE_FORMATS)  # type: ignore[assignment]
 
     @staticmethod
@@ -114,7 +116,7 @@ class TritonMLASparseBackend(AttentionBackend):
         return TritonMLASparseMetadataBuilder
 
     @staticmethod
-    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+    def get_supported_kernel_block_sizes(kv_cache_spec: AttentionSpec | None = None) -> list[int | MultipleOf]:
         # The kernels read single rows through the flat-row view: any block size. (vLLM's DSA indexer on CUDA
         # fixes the model's block size to 64 anyway.)
         return [MultipleOf(1)]
@@ -139,8 +141,7 @@ class TritonMLASparseBackend(AttentionBackend):
 
     @classmethod
     def supports_compute_capability(cls, capability: DeviceCapability) -> bool:
-        # TODO: ask triton_mla_sparse.capabilities once that module exists; until then: CUDA SM80 and newer.
-        return capability.major >= MIN_CAPABILITY_MAJOR
+        return supports_capability((capability.major, capability.minor), _rocm_arch())
 
     @classmethod
     def supports_combination(
@@ -160,16 +161,13 @@ class TritonMLASparseBackend(AttentionBackend):
         vllm_config = get_current_vllm_config_or_none()
         if vllm_config is None or vllm_config.model_config is None:
             return None
-        hf = vllm_config.model_config.hf_text_config
-        if getattr(hf, "index_topk", None) is None:
-            return f"{BACKEND_NAME} requires a DSA model (index_topk in the model config)"
-        kv_lora_rank = getattr(hf, "kv_lora_rank", KV_LORA_RANK)
-        if kv_lora_rank != KV_LORA_RANK:
-            return f"{BACKEND_NAME} requires kv_lora_rank {KV_LORA_RANK}, got {kv_lora_rank}"
-        rope = getattr(hf, "qk_rope_head_dim", D_ROPE)
-        if rope not in ROPE_DIMS:
-            return f"{BACKEND_NAME} requires qk_rope_head_dim {D_ROPE} (or 0 for NoPE), got {rope}"
-        return None
+        model_config = vllm_config.model_config
+        hf = model_config.hf_text_config
+        reasons = model_reasons(kv_lora_rank=getattr(hf, "kv_lora_rank", KV_LORA_RANK),
+                                qk_rope_head_dim=getattr(hf, "qk_rope_head_dim", D_ROPE),
+                                index_topk=getattr(hf, "index_topk", None),
+                                heads=model_config.get_num_attention_heads(vllm_config.parallel_config))
+        return "; ".join(reasons) if reasons else None
 
 
 @dataclass
@@ -183,7 +181,8 @@ class TritonMLASparseMetadataBuilder(SparseMLACommonMetadataBuilder[TritonMLASpa
     # uniform decode batches (1 + speculative tokens per request) are captured in full CUDA graphs.
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
 
-    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config, device: torch.device):
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: Any,
+                 device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         # Decodes are requests of one token (1 + num_speculative_tokens with speculative decoding); causality is in
         # the top-k lists, so varlen decodes are safe under decode context parallelism too.
@@ -191,7 +190,7 @@ class TritonMLASparseMetadataBuilder(SparseMLACommonMetadataBuilder[TritonMLASpa
 
 
 class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
-    """Runs vLLM's sparse MQA hook with :func:`triton_mla_sparse.api.sparse_mla_attention_with_config`."""
+    """Runs vLLM's sparse MQA hook with :func:`triton_mla_sparse.ops.sparse_mla.sparse_mla_attention_with_config`."""
 
     can_return_lse_for_decode: bool = True
     supports_dcp: bool = True
@@ -237,10 +236,11 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
             topk_indices_buffer=topk_indices_buffer,
             **mla_args,
         )
-        if self.kv_lora_rank != KV_LORA_RANK or self.qk_rope_head_dim not in ROPE_DIMS:
-            raise NotImplementedError(
-                f"{BACKEND_NAME} needs kv_lora_rank {D_V} and qk_rope_head_dim {D_ROPE} or 0, got "
-                f"{self.kv_lora_rank} and {self.qk_rope_head_dim}")
+        # The model's top-k was checked when vLLM validated the backend (supports_combination).
+        reasons = model_reasons(kv_lora_rank=self.kv_lora_rank, qk_rope_head_dim=self.qk_rope_head_dim,
+                                heads=num_heads)
+        if reasons:
+            raise NotImplementedError("; ".join(reasons))
         self.kv_format = KV_CACHE_FORMATS[kv_cache_dtype]
         # q stays in the model dtype (bf16/fp16); the kernels dequantize fp8 caches themselves.
         self.supports_quant_query_input = False
@@ -275,7 +275,7 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
         block_size: int,
         is_decode: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        from ..api import sparse_mla_attention_with_config
+        from ...ops.sparse_mla import sparse_mla_attention_with_config
 
         if isinstance(q, tuple):
             q_nope, q_pe = q

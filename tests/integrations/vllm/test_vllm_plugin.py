@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import types
 from importlib.metadata import entry_points
 
 import pytest
 
-from triton_mla_sparse.integrations import vllm as plugin
+import triton_mla_sparse.integrations.vllm as vllm_integration
+from triton_mla_sparse.integrations.vllm import plugin, policy
 
 CAPABILITIES = [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
 KV_DTYPES = [None, "auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_ds_mla"]
@@ -18,7 +20,7 @@ KV_DTYPES = [None, "auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_ds_mla"]
 @pytest.fixture
 def fresh_priorities(cuda_platform_module, monkeypatch):
     """Empty the priority caches around a test (the wrapper reads TRITON_MLA_SPARSE_PRIORITY when it computes)."""
-    monkeypatch.delenv(plugin.PRIORITY_ENV, raising=False)
+    monkeypatch.delenv(policy.PRIORITY_ENV, raising=False)
     cuda_platform_module._get_backend_priorities.cache_clear()
     yield cuda_platform_module
     cuda_platform_module._get_backend_priorities.cache_clear()
@@ -36,16 +38,16 @@ class _Records(logging.Handler):
 @pytest.fixture
 def plugin_log(monkeypatch):
     handler = _Records()
-    plugin.logger.addHandler(handler)
+    policy.logger.addHandler(handler)
     monkeypatch.setattr(plugin, "_warned", set())
     yield handler.records
-    plugin.logger.removeHandler(handler)
+    policy.logger.removeHandler(handler)
 
 
 def test_entry_point_is_installed():
     (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "triton_mla_sparse"]
     assert ep.value == "triton_mla_sparse.integrations.vllm:register"
-    assert ep.load() is plugin.register
+    assert ep.load() is plugin.register is vllm_integration.register
 
 
 def test_vllm_plugin_loader_finds_and_runs_register_twice(cuda_platform_module):
@@ -58,11 +60,11 @@ def test_vllm_plugin_loader_finds_and_runs_register_twice(cuda_platform_module):
         vllm_plugins.plugins_loaded = False
         vllm_plugins.load_general_plugins()
 
-    from triton_mla_sparse.integrations.vllm_backend import TritonMLASparseBackend
+    from triton_mla_sparse.integrations.vllm.backend import TritonMLASparseBackend
 
     member = AttentionBackendEnum["TRITON_MLA_SPARSE"]
     assert member.get_class() is TritonMLASparseBackend
-    assert member.get_path() == plugin.BACKEND_CLASS_PATH
+    assert member.get_path() == policy.BACKEND_CLASS_PATH
     assert list(AttentionBackendEnum.__members__).count("TRITON_MLA_SPARSE") == 1
     wrapped = cuda_platform_module._get_backend_priorities
     assert getattr(wrapped, plugin._WRAPPED_MARK)
@@ -76,7 +78,7 @@ def test_attention_backend_cli_name_resolves(cuda_platform_module):
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    from triton_mla_sparse.select import _cuda_platform_for
+    from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
 
     with _cuda_platform_for(cuda_platform_module, 8, 9, simulate=True):  # vLLM's CLI defaults need a device
         parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
@@ -130,12 +132,12 @@ def test_cuda_priorities_leave_other_lists_alone(fresh_priorities):
         assert "TRITON_MLA_SPARSE" not in [b.name for b in mla]
 
 
-@pytest.mark.parametrize("mode", ["first", "off", "default", "bogus"])
+@pytest.mark.parametrize("mode", ["first", "off", "default", " Default ", "auto", ""])
 def test_priority_env_variable(fresh_priorities, monkeypatch, plugin_log, mode):
     from vllm.platforms.interface import DeviceCapability
 
     cuda_mod = fresh_priorities
-    monkeypatch.setenv(plugin.PRIORITY_ENV, mode)
+    monkeypatch.setenv(policy.PRIORITY_ENV, mode)
     cuda_mod._get_backend_priorities.cache_clear()
     for cap in CAPABILITIES:
         names = [b.name for b in cuda_mod._get_backend_priorities(
@@ -148,8 +150,29 @@ def test_priority_env_variable(fresh_priorities, monkeypatch, plugin_log, mode):
         else:
             original = [n for n in names if n != "TRITON_MLA_SPARSE"]
             assert names.index("TRITON_MLA_SPARSE") == _expected_index(original, cap[0])
-    warned = [r for r in plugin_log if r.levelno == logging.WARNING]
-    assert len(warned) == (1 if mode == "bogus" else 0)
+    assert not [r for r in plugin_log if r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize("var", [policy.PRIORITY_ENV, policy.INDEXER_ENV])
+def test_bad_env_value_is_a_value_error_everywhere(fresh_priorities, monkeypatch, var):
+    """One parser, one behaviour: a value outside the modes raises ValueError naming the variable and its modes,
+    from register() (vLLM's start-up stops with it), from the priority list and from the parser itself."""
+    from vllm.platforms.interface import DeviceCapability
+
+    monkeypatch.setenv(var, "bogus")
+    modes = policy.PRIORITY_MODES if var == policy.PRIORITY_ENV else policy.INDEXER_MODES
+    message = f"{var}: expected one of {modes}.*'bogus'"
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        plugin.register()
+    with pytest.raises(ValueError, match=var):
+        policy.env_mode(var)
+    if var == policy.PRIORITY_ENV:
+        fresh_priorities._get_backend_priorities.cache_clear()
+        with pytest.raises(ValueError, match=var):
+            fresh_priorities._get_backend_priorities(use_mla=True, device_capability=DeviceCapability(8, 9))
+    else:
+        with pytest.raises(ValueError, match=var):
+            plugin.install_indexer()
 
 
 def test_cache_clear_empties_wrapper_and_vllm_cache(fresh_priorities):
@@ -185,16 +208,16 @@ def test_unexpected_signature_warns_once_and_keeps_registration(cuda_platform_mo
     assert len(warned) == 1
     msg = warned[0].getMessage()
     assert "differs from the vLLM 0.33 signature" in msg and "--attention-backend TRITON_MLA_SPARSE" in msg
-    assert AttentionBackendEnum["TRITON_MLA_SPARSE"].get_path() == plugin.BACKEND_CLASS_PATH
+    assert AttentionBackendEnum["TRITON_MLA_SPARSE"].get_path() == policy.BACKEND_CLASS_PATH
 
 
 def test_hook_on_a_fresh_module_with_the_expected_signature(cuda_platform_module, monkeypatch):
     """install_priority_hook wraps once, honours `off` at install time, and keeps vLLM's function reachable."""
     original = cuda_platform_module._get_backend_priorities.__wrapped__
-    monkeypatch.setenv(plugin.PRIORITY_ENV, "off")
+    monkeypatch.setenv(policy.PRIORITY_ENV, "off")
     mod = _fake_cuda_module(original)
     assert plugin.install_priority_hook(mod) is False and mod._get_backend_priorities is original
-    monkeypatch.delenv(plugin.PRIORITY_ENV)
+    monkeypatch.delenv(policy.PRIORITY_ENV)
     assert plugin.install_priority_hook(mod) is True
     first = mod._get_backend_priorities
     assert plugin.install_priority_hook(mod) is True and mod._get_backend_priorities is first
@@ -213,13 +236,18 @@ def test_register_is_idempotent_and_safe(cuda_platform_module):
 
 
 def test_policy_index_pure():
-    assert plugin.policy_index(["A", "B"], 8) == 0
-    assert plugin.policy_index(["A", "FLASHINFER_MLA_SPARSE_SM120", "B"], 12) == 2
-    assert plugin.policy_index(["A"], 12) == 1
-    assert plugin.policy_index(["A", "B"], 9) == 2
-    assert plugin.policy_index(["A", "B"], 10) == 2
-    assert plugin.policy_index(["A", "B"], 11) == 2
-    assert plugin.policy_index(["A", "B"], 7) is None
-    assert plugin.policy_index(["A", "B"], 10, "first") == 0
-    assert plugin.policy_index(["A", "B"], 8, "off") is None
-    assert plugin.policy_index(["TRITON_MLA_SPARSE"], 8) is None
+    assert policy.policy_index(["A", "B"], (8, 0)) == 0
+    assert policy.policy_index(["A", "B"], (8, 7)) == 0
+    assert policy.policy_index(["A", "FLASHINFER_MLA_SPARSE_SM120", "B"], (12, 0)) == 2
+    assert policy.policy_index(["A"], (12, 1)) == 1
+    assert policy.policy_index(["A", "B"], (9, 0)) == 2
+    assert policy.policy_index(["A", "B"], (10, 0)) == 2
+    assert policy.policy_index(["A", "B"], (10, 3)) == 2
+    for undeclared in [(7, 5), (8, 8), (10, 1), (11, 0), (13, 0)]:  # capabilities.py does not declare these
+        assert policy.policy_index(["A", "B"], undeclared) is None
+        assert policy.policy_index(["A", "B"], undeclared, "first") is None
+    assert policy.policy_index(["A", "B"], (10, 0), "first") == 0
+    assert policy.policy_index(["A", "B"], (8, 0), "off") is None
+    assert policy.policy_index(["TRITON_MLA_SPARSE"], (8, 0)) is None
+    with pytest.raises(ValueError, match="mode"):
+        policy.policy_index(["A"], (8, 0), "bogus")

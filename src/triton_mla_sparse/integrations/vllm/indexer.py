@@ -1,4 +1,4 @@
-"""vLLM plugin, part 2: the DSA lightning indexer on :func:`triton_mla_sparse.indexer_topk` without DeepGEMM.
+"""The DSA lightning indexer on :func:`triton_mla_sparse.indexer_topk` without DeepGEMM.
 
 vLLM 0.33 computes the indexer of DSA models (DeepSeek-V3.2, GLM-5) only with DeepGEMM's ``fp8_fp4_mqa_logits`` /
 ``fp8_fp4_paged_mqa_logits``, which run on SM90/SM100/SM120. On SM80/86/89 (or wherever DeepGEMM is unusable) this
@@ -7,7 +7,8 @@ registers :class:`TritonSparseAttnIndexer` with ``CustomOp.register_oot(name="Sp
 ``SparseAttnIndexer(...)`` vLLM builds is one of ours. Each instance decides at construction (in the worker, where
 the GPU is known) whether it is the Triton indexer or a pass-through to vLLM's own class:
 
-``TRITON_MLA_SPARSE_INDEXER``:
+``TRITON_MLA_SPARSE_INDEXER`` (read by :func:`~triton_mla_sparse.integrations.vllm.policy.indexer_mode`; another
+value is a ``ValueError``):
     ``auto`` (default)  the Triton indexer on the CUDA platform when DeepGEMM is not usable — ``has_deep_gemm()`` is
                         False (no package) or the GPU is not one DeepGEMM supports (``support_deep_gemm()``: SM90,
                         SM10x, SM12x). vLLM's wheel vendors DeepGEMM, so ``has_deep_gemm()`` alone is True on
@@ -38,8 +39,8 @@ prefill context parallelism, compressed indexers (DeepSeek-V4) and two-level can
 
 import inspect
 import logging
-import os
 import sys
+from typing import Any
 
 import torch
 import vllm.model_executor.layers.sparse_attn_indexer as _vllm_sai
@@ -50,8 +51,9 @@ from vllm.model_executor.layers.sparse_attn_indexer import PrefillRowShard, Spar
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import LayerNameType, _encode_layer_name, _resolve_layer_name, direct_register_custom_op
 
-from ..indexer import D_INDEX, indexer_topk
-from .vllm import INDEXER_ENV, INDEXER_MODES
+from ... import indexer_topk
+from ...formats import D_INDEX
+from .policy import INDEXER_ENV, INDEXER_MODES, indexer_mode, logger
 
 __all__ = [
     "INDEXER_ENV",
@@ -75,7 +77,6 @@ CALL_SITES = (
 )
 _ROUTED_MARK = "_triton_mla_sparse_routed"
 
-logger = logging.getLogger("vllm.plugins.triton_mla_sparse")
 _logged: set[str] = set()
 
 
@@ -83,14 +84,6 @@ def _log_once(level: int, key: str, msg: str, *args) -> None:
     if key not in _logged:
         _logged.add(key)
         logger.log(level, msg, *args)
-
-
-def indexer_mode() -> str:
-    """The mode from ``TRITON_MLA_SPARSE_INDEXER``: ``auto`` when unset; a ValueError for any other value."""
-    raw = os.environ.get(INDEXER_ENV, "").strip().lower() or "auto"
-    if raw not in INDEXER_MODES:
-        raise ValueError(f"{INDEXER_ENV}: expected one of {INDEXER_MODES}, got {raw!r}")
-    return raw
 
 
 def decide(mode: str, *, is_cuda: bool, deep_gemm: bool) -> tuple[bool, str]:
@@ -126,8 +119,8 @@ def use_triton_indexer() -> tuple[bool, str]:
     return decide(mode, is_cuda=is_cuda, deep_gemm=is_cuda and deep_gemm_usable())
 
 
-def unsupported_reasons(*, k_cache, head_dim: int, use_fp4_cache: bool, compress_ratio: int, candidate_blocks,
-                        dcp_world_size: int, use_pcp: bool) -> list[str]:
+def unsupported_reasons(*, k_cache: Any, head_dim: int, use_fp4_cache: bool, compress_ratio: int,
+                        candidate_blocks: torch.Tensor | None, dcp_world_size: int, use_pcp: bool) -> list[str]:
     """What of an indexer's configuration the Triton indexer cannot serve (empty: everything)."""
     from vllm.utils.deep_gemm import mqa_logits_use_mx_scales
 
@@ -168,7 +161,7 @@ class TritonSparseAttnIndexer(SparseAttnIndexer):
     """vLLM's ``SparseAttnIndexer`` whose forward runs :func:`sparse_attn_indexer` when :func:`use_triton_indexer`
     says so at construction (``self.triton``); otherwise exactly vLLM's class."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.triton, why = use_triton_indexer()
         if not self.triton:
             super().__init__(*args, **kwargs)
@@ -202,7 +195,8 @@ class TritonSparseAttnIndexer(SparseAttnIndexer):
         _log_once(logging.INFO, "using", "triton-mla-sparse: the DSA indexer runs on Triton (%s).", why)
         route_vllm_call_sites()
 
-    def forward_cuda(self, hidden_states, q_quant, k, weights):
+    def forward_cuda(self, hidden_states: torch.Tensor, q_quant: Any, k: torch.Tensor,
+                     weights: torch.Tensor) -> torch.Tensor:
         if not self.triton:
             return super().forward_cuda(hidden_states, q_quant, k, weights)
         return torch.ops.triton_mla_sparse.sparse_attn_indexer(

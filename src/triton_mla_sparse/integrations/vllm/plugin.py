@@ -5,11 +5,12 @@ Installed with ``pip install triton-mla-sparse[vllm]``; vLLM finds :func:`regist
 parses arguments. ``register`` is idempotent and never changes vLLM's files. It
 
 1. registers the name ``TRITON_MLA_SPARSE`` in vLLM's attention-backend registry, pointing at
-   :class:`triton_mla_sparse.integrations.vllm_backend.TritonMLASparseBackend`, so that
+   :class:`triton_mla_sparse.integrations.vllm.backend.TritonMLASparseBackend`, so that
    ``--attention-backend TRITON_MLA_SPARSE`` works on any platform, and
 2. on the CUDA platform, wraps ``vllm.platforms.cuda._get_backend_priorities`` (the function vLLM's automatic
    selection walks in order, keeping the first backend whose ``validate_configuration`` accepts the layer) so that
-   the MLA list also holds ``TRITON_MLA_SPARSE``. Where (``TRITON_MLA_SPARSE_PRIORITY=default``):
+   the MLA list also holds ``TRITON_MLA_SPARSE``. Where (``TRITON_MLA_SPARSE_PRIORITY=default``,
+   :func:`~triton_mla_sparse.integrations.vllm.policy.policy_index`):
 
    ========================= ============================================================================
    compute capability        place of TRITON_MLA_SPARSE in vLLM's MLA list
@@ -18,64 +19,47 @@ parses arguments. ``register`` is idempotent and never changes vLLM's files. It
    12.x (RTX 50xx, RTX PRO)  right after FLASHINFER_MLA_SPARSE_SM120, which only takes bf16 models with
                              top-k 2048 and an fp8_ds_mla cache (vLLM turns auto/fp8 into fp8_ds_mla for
                              it), so every other configuration (e.g. --kv-cache-dtype bfloat16) gets ours
-   9.0, 10.x, 11.x and newer last: the fallback after vLLM's own sparse backends
-   below 8.0                 not added (unsupported)
+   9.0, 10.0, 10.3           last: the fallback after vLLM's own sparse backends
+   any other                 not added: not a declared architecture (triton_mla_sparse.capabilities)
    ========================= ============================================================================
 
-   ``TRITON_MLA_SPARSE_PRIORITY=first`` puts it first everywhere (SM80+); ``off`` leaves vLLM's lists alone (the
-   backend then runs only when asked for by name). The variable is read when vLLM computes a priority list; the
-   lists are cached (``_get_backend_priorities.cache_clear()`` empties the cache of the wrapper and of vLLM's
-   function). Dense-MLA and non-MLA lists are never changed; our backend is sparse-only and rejects dense layers.
+   ``TRITON_MLA_SPARSE_PRIORITY=first`` puts it first on every declared capability; ``off`` leaves vLLM's lists
+   alone (the backend then runs only when asked for by name). The variable is read when vLLM computes a priority
+   list; the lists are cached (``_get_backend_priorities.cache_clear()`` empties the cache of the wrapper and of
+   vLLM's function). Dense-MLA and non-MLA lists are never changed; our backend is sparse-only and rejects dense
+   layers.
 
    If vLLM's function does not have the signature this plugin was written against, one warning is logged and only
    the automatic-selection part is skipped: the backend stays registered by name.
 
 3. on the CUDA platform, registers the DSA lightning indexer on Triton (``SparseAttnIndexer`` out of tree) for GPUs
    where DeepGEMM is not usable; ``TRITON_MLA_SPARSE_INDEXER=auto|always|off``, see
-   :mod:`triton_mla_sparse.integrations.vllm_indexer`.
+   :mod:`triton_mla_sparse.integrations.vllm.indexer`.
 
-This module does not import vLLM at import time (the ``select`` command uses its policy without vLLM).
+A value of either variable outside its modes raises ``ValueError`` from :func:`register` (see
+:mod:`~triton_mla_sparse.integrations.vllm.policy`); any other failure is logged and leaves vLLM running. This
+module imports vLLM inside functions only.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import logging
-import os
 import sys
+from types import ModuleType
+from typing import Any, Callable
 
-__all__ = [
-    "BACKEND_NAME",
-    "BACKEND_CLASS_PATH",
-    "PRIORITY_ENV",
-    "PRIORITY_MODES",
-    "priority_mode",
-    "policy_index",
-    "place_backend",
-    "register",
-    "install_priority_hook",
-    "static_reasons",
-    "install_indexer",
-]
+from .policy import (
+    BACKEND_CLASS_PATH,
+    BACKEND_NAME,
+    indexer_mode,
+    logger,
+    place_backend,
+    priority_mode,
+)
 
-BACKEND_NAME = "TRITON_MLA_SPARSE"
-BACKEND_CLASS_PATH = "triton_mla_sparse.integrations.vllm_backend.TritonMLASparseBackend"
-PRIORITY_ENV = "TRITON_MLA_SPARSE_PRIORITY"
-PRIORITY_MODES = ("default", "first", "off")
-#: The DSA indexer switch (see triton_mla_sparse.integrations.vllm_indexer).
-INDEXER_ENV = "TRITON_MLA_SPARSE_INDEXER"
-INDEXER_MODES = ("auto", "always", "off")
-#: The one vLLM sparse backend that precedes ours on SM 12.x.
-SM120_PEER = "FLASHINFER_MLA_SPARSE_SM120"
-#: Lowest CUDA compute capability major the backend declares (see TritonMLASparseBackend).
-MIN_CAPABILITY_MAJOR = 8
-#: What the backend declares to vLLM (vllm_backend.TritonMLASparseBackend uses these).
-SUPPORTED_DTYPES = ("bfloat16", "float16")
-SUPPORTED_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_ds_mla")
-SUPPORTED_HEAD_SIZES = (576, 512)
-KV_LORA_RANK = 512
-ROPE_DIMS = (64, 0)
+__all__ = ["register", "install_priority_hook", "install_indexer"]
+
 #: Parameters of ``vllm.platforms.cuda._get_backend_priorities`` in vLLM 0.33.
 EXPECTED_PRIORITY_PARAMS = (
     "use_mla",
@@ -87,75 +71,13 @@ EXPECTED_PRIORITY_PARAMS = (
     "use_mm_prefix",
 )
 _WRAPPED_MARK = "_triton_mla_sparse_wrapped"
-
-logger = logging.getLogger("vllm.plugins.triton_mla_sparse")
 _warned: set[str] = set()
 
 
-def _warn_once(key: str, msg: str, *args) -> None:
+def _warn_once(key: str, msg: str, *args: Any) -> None:
     if key not in _warned:
         _warned.add(key)
         logger.warning(msg, *args)
-
-
-def priority_mode() -> str:
-    """The placement mode from ``TRITON_MLA_SPARSE_PRIORITY`` (``default`` when unset or unknown)."""
-    raw = os.environ.get(PRIORITY_ENV, "").strip().lower()
-    if raw in ("", "default", "auto"):
-        return "default"
-    if raw in PRIORITY_MODES:
-        return raw
-    _warn_once(f"mode:{raw}", "%s=%r is not one of %s; using 'default'.", PRIORITY_ENV, raw, PRIORITY_MODES)
-    return "default"
-
-
-def static_reasons(*, major: int, head_size: int, dtype: str, kv_cache_dtype: str, kv_lora_rank: int = KV_LORA_RANK,
-                   qk_rope_head_dim: int = 64, index_topk: int | None = 2048) -> list[str]:
-    """Why TRITON_MLA_SPARSE would reject a sparse MLA layer, from its declarations alone (no vLLM needed): the
-    same conditions its vLLM backend class reports through ``validate_configuration``; empty when accepted."""
-    reasons = []
-    if head_size not in SUPPORTED_HEAD_SIZES:
-        reasons.append("head_size not supported")
-    if dtype not in SUPPORTED_DTYPES:
-        reasons.append("dtype not supported")
-    if kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
-        reasons.append("kv_cache_dtype not supported")
-    if major < MIN_CAPABILITY_MAJOR:
-        reasons.append("compute capability not supported")
-    if index_topk is None:
-        reasons.append(f"{BACKEND_NAME} requires a DSA model (index_topk in the model config)")
-    if kv_lora_rank != KV_LORA_RANK:
-        reasons.append(f"{BACKEND_NAME} requires kv_lora_rank {KV_LORA_RANK}, got {kv_lora_rank}")
-    if qk_rope_head_dim not in ROPE_DIMS:
-        reasons.append(f"{BACKEND_NAME} requires qk_rope_head_dim 64 (or 0 for NoPE), got {qk_rope_head_dim}")
-    return reasons
-
-
-def _name(backend) -> str:
-    return backend if isinstance(backend, str) else backend.name
-
-
-def policy_index(names: list[str], major: int, mode: str = "default") -> int | None:
-    """Where ``TRITON_MLA_SPARSE`` goes in vLLM's MLA priority list ``names`` for a GPU of compute capability
-    ``major``.x, or None when it is not added (mode ``off``, capability below 8.0, or already listed)."""
-    if mode not in PRIORITY_MODES:
-        raise ValueError(f"mode: expected one of {PRIORITY_MODES}, got {mode!r}")
-    if mode == "off" or major < MIN_CAPABILITY_MAJOR or BACKEND_NAME in names:
-        return None
-    if mode == "first" or major == 8:
-        return 0
-    if major == 12 and SM120_PEER in names:
-        return names.index(SM120_PEER) + 1
-    return len(names)
-
-
-def place_backend(backends: list, major: int, mode: str, ours) -> list:
-    """A copy of ``backends`` (enum members or names) with ``ours`` inserted where :func:`policy_index` says."""
-    backends = list(backends)
-    idx = policy_index([_name(b) for b in backends], major, mode)
-    if idx is not None:
-        backends.insert(idx, ours)
-    return backends
 
 
 def _register_name() -> None:
@@ -169,7 +91,7 @@ def _register_name() -> None:
         register_backend(BACKEND_NAME, BACKEND_CLASS_PATH)
 
 
-def _cuda_platform_module():
+def _cuda_platform_module() -> ModuleType | None:
     """``vllm.platforms.cuda`` when this process runs vLLM's CUDA platform (or has imported the module), else None.
 
     The module is not imported on other platforms: on ROCm, XPU, TPU or CPU builds importing it would load
@@ -187,7 +109,7 @@ def _cuda_platform_module():
     return mod
 
 
-def _make_wrapper(original):
+def _make_wrapper(original: Callable) -> Callable:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     def _get_backend_priorities(
@@ -211,7 +133,7 @@ def _make_wrapper(original):
         if not use_mla:
             return backends
         ours = AttentionBackendEnum[BACKEND_NAME]
-        return place_backend(backends, device_capability.major, priority_mode(), ours)
+        return place_backend(backends, (device_capability.major, device_capability.minor), priority_mode(), ours)
 
     functools.update_wrapper(_get_backend_priorities, original)
     cached = functools.cache(_get_backend_priorities)
@@ -227,11 +149,12 @@ def _make_wrapper(original):
     return cached
 
 
-def install_priority_hook(module=None) -> bool:
+def install_priority_hook(module: ModuleType | None = None) -> bool:
     """Wrap ``module._get_backend_priorities`` (default: ``vllm.platforms.cuda`` when this process runs CUDA).
 
     Returns True when the wrapper is in place after the call (installed now or before), False when it is not
-    (mode ``off``, not a CUDA process, or an unexpected signature: then one warning is logged).
+    (mode ``off``, not a CUDA process, or an unexpected signature: then one warning is logged). A bad
+    ``TRITON_MLA_SPARSE_PRIORITY`` raises ``ValueError`` here and in the wrapper.
     """
     if module is None:
         module = _cuda_platform_module()
@@ -267,13 +190,10 @@ def install_priority_hook(module=None) -> bool:
 
 
 def install_indexer() -> bool:
-    """Register the Triton DSA indexer with vLLM (see :mod:`.vllm_indexer`) unless ``TRITON_MLA_SPARSE_INDEXER=off``
-    or (``auto``) the platform is not CUDA. Returns whether it is registered after the call."""
-    mode = os.environ.get(INDEXER_ENV, "").strip().lower() or "auto"
-    if mode not in INDEXER_MODES:
-        _warn_once(f"indexer:{mode}", "triton-mla-sparse: %s=%r is not one of %s; the Triton DSA indexer is not "
-                   "registered.", INDEXER_ENV, mode, INDEXER_MODES)
-        return False
+    """Register the Triton DSA indexer with vLLM (see :mod:`.indexer`) unless ``TRITON_MLA_SPARSE_INDEXER=off``
+    or (``auto``) the platform is not CUDA. Returns whether it is registered after the call; a bad
+    ``TRITON_MLA_SPARSE_INDEXER`` raises ``ValueError``."""
+    mode = indexer_mode()
     if mode == "off":
         return False
     if mode == "auto":
@@ -281,13 +201,18 @@ def install_indexer() -> bool:
 
         if not current_platform.is_cuda():
             return False
-    from .vllm_indexer import install
+    from .indexer import install
 
     return install()
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point. Idempotent; safe in every vLLM process and on every platform."""
+    """The ``vllm.general_plugins`` entry point. Idempotent; safe in every vLLM process and on every platform.
+
+    Raises ``ValueError`` when ``TRITON_MLA_SPARSE_PRIORITY`` or ``TRITON_MLA_SPARSE_INDEXER`` holds a value outside
+    its modes; logs any other failure and returns."""
+    priority_mode()  # a bad value stops here, before anything is registered
+    indexer_mode()
     try:
         _register_name()
     except Exception:  # never take vLLM's start-up down with us

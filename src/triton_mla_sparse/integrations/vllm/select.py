@@ -14,7 +14,8 @@ capability (vLLM's CUDA platform class with the capability substituted); checks 
 platform module cannot be imported here) only this package's own declarations are checked and the other backends
 are not evaluated; the output says so.
 
-Pure logic: the CLI wiring calls :func:`select_main`.
+The CLI wiring: :func:`add_arguments` on the ``select`` subparser, then :func:`run` with the parsed namespace
+(:func:`select_main` does both for an argv). This module imports vLLM inside functions only.
 """
 
 from __future__ import annotations
@@ -28,12 +29,18 @@ import sys
 import tempfile
 import warnings
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
-__all__ = ["MODELS", "ModelShape", "select_main", "evaluate", "parse_capability", "format_report"]
+from . import policy
+
+__all__ = ["MODELS", "ModelShape", "add_arguments", "run", "select_main", "evaluate", "parse_capability",
+           "format_report", "format_table"]
 
 
 @dataclass(frozen=True)
 class ModelShape:
+    """The dims of a DSA model that vLLM's MLA layer and the backend's validation read."""
+
     label: str
     model_type: str  # transformers model_type (the config class vLLM reads the model's shape from)
     architecture: str
@@ -74,7 +81,7 @@ def parse_capability(text: str) -> tuple[int, int]:
 
 
 def _vllm_version() -> str | None:
-    # Metadata, not find_spec: a folder named vllm on sys.path (tests/vllm under pytest) is no vLLM.
+    # Metadata, not find_spec: a folder named vllm on sys.path is no vLLM.
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -163,7 +170,7 @@ def _cuda_platform_for(cuda_mod, major: int, minor: int, simulate: bool):
                 m.current_platform = old
 
 
-def _model_config(shape: ModelShape, dtype: str, tmp: str):
+def _model_config(shape: ModelShape, dtype: str, tmp: str) -> Any:
     """A real vLLM ModelConfig for ``shape``, from a config.json written with transformers' config class."""
     from transformers import CONFIG_MAPPING
     from vllm.config import ModelConfig
@@ -200,16 +207,16 @@ def _evaluate_vllm(report: dict, shape: ModelShape, major: int, minor: int, simu
     from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
-    from .integrations import vllm as plugin
+    from . import plugin
 
     if not is_known_kv_cache_dtype(kv_cache_dtype):
         raise ValueError(f"--kv-cache-dtype: {kv_cache_dtype!r} is not a vLLM kv-cache dtype")
     plugin.register()
     hooked = plugin.install_priority_hook(cuda_mod)
     if not hooked:
-        report["notes"].append(f"{plugin.BACKEND_NAME} is not in vLLM's priority list "
-                               f"({plugin.PRIORITY_ENV}={plugin.priority_mode()} or an unexpected vLLM signature): "
-                               f"only --attention-backend {plugin.BACKEND_NAME} selects it")
+        report["notes"].append(f"{policy.BACKEND_NAME} is not in vLLM's priority list "
+                               f"({policy.PRIORITY_ENV}={policy.priority_mode()} or an unexpected vLLM signature): "
+                               f"only --attention-backend {policy.BACKEND_NAME} selects it")
     cap = DeviceCapability(major, minor)
     heads = shape.num_heads // tp
     with _cuda_platform_for(cuda_mod, major, minor, simulate) as platform, tempfile.TemporaryDirectory() as tmp:
@@ -272,8 +279,6 @@ class _NoVllm(Exception):
 def evaluate(*, capability: tuple[int, int] | None, shape: ModelShape, tp: int = 1, dtype: str = "bfloat16",
              kv_cache_dtype: str = "auto", block_size: int | None = None, use_vllm: bool = True) -> dict:
     """The selection report for one configuration (see the module docstring); ``capability=None``: this GPU."""
-    from .integrations import vllm as plugin
-
     local = _local_capability()
     if capability is None:
         if local is None:
@@ -294,7 +299,7 @@ def evaluate(*, capability: tuple[int, int] | None, shape: ModelShape, tp: int =
         "dtype": dtype,
         "kv_cache_dtype": kv_cache_dtype,
         "block_size": block_size,
-        "priority_mode": plugin.priority_mode(),
+        "priority_mode": policy.priority_mode(),
         "vllm_version": _vllm_version(),
         "validation": None,
         "selected": None,
@@ -322,36 +327,23 @@ def evaluate(*, capability: tuple[int, int] | None, shape: ModelShape, tp: int =
     report["validation"] = "declarations"
     if simulate:
         report["device"] = "as given (no GPU probed)"
-    reasons = plugin.static_reasons(major=major, head_size=shape.head_size, dtype=dtype,
+    reasons = policy.static_reasons(capability=(major, minor), head_size=shape.head_size, dtype=dtype,
                                     kv_cache_dtype=kv_cache_dtype, kv_lora_rank=shape.kv_lora_rank,
-                                    qk_rope_head_dim=shape.qk_rope_head_dim, index_topk=shape.index_topk)
-    idx = plugin.policy_index([], major, report["priority_mode"])
-    report["candidates"] = [{"name": plugin.BACKEND_NAME, "position": None, "sparse": True,
+                                    qk_rope_head_dim=shape.qk_rope_head_dim, index_topk=shape.index_topk,
+                                    heads=shape.num_heads // tp)
+    idx = policy.policy_index([], (major, minor), report["priority_mode"])
+    report["candidates"] = [{"name": policy.BACKEND_NAME, "position": None, "sparse": True,
                              "accepted": not reasons, "reasons": reasons}]
     if idx is None:
-        report["notes"].append(f"{plugin.BACKEND_NAME} is not in vLLM's automatic list here "
+        report["notes"].append(f"{policy.BACKEND_NAME} is not in vLLM's automatic list here "
                                f"(mode {report['priority_mode']}, SM {major}.{minor})")
-    report["notes"].append(_policy_sentence(major, report["priority_mode"]))
+    report["notes"].append(policy.policy_sentence((major, minor), report["priority_mode"]))
     report["selected"] = None
     return report
 
 
-def _policy_sentence(major: int, mode: str) -> str:
-    from .integrations import vllm as plugin
-
-    name = plugin.BACKEND_NAME
-    if mode == "off":
-        return f"{plugin.PRIORITY_ENV}=off: {name} only runs when selected with --attention-backend {name}"
-    if major < plugin.MIN_CAPABILITY_MAJOR:
-        return f"{name} needs compute capability 8.0 or newer"
-    if mode == "first" or major == 8:
-        return f"{name} is placed first in vLLM's MLA list on SM {major}.x"
-    if major == 12:
-        return f"{name} is placed right after {plugin.SM120_PEER} on SM 12.x"
-    return f"{name} is placed last in vLLM's MLA list on SM {major}.x (fallback)"
-
-
 def format_report(report: dict, show_all: bool = False) -> str:
+    """The text form of one :func:`evaluate` report."""
     m = report["model"]
     lines = []
     how = "vLLM's own backend validation" if report["validation"] == "vllm" else "TRITON_MLA_SPARSE's declarations only"
@@ -398,11 +390,12 @@ def format_report(report: dict, show_all: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="triton-mla-sparse select",
-        description="Which sparse MLA attention backend vLLM will use for a model on a GPU, and why the others "
-                    "are rejected (vLLM's own validation when vLLM is installed).")
+DESCRIPTION = ("Which sparse MLA attention backend vLLM will use for a model on a GPU, and why the others are "
+               "rejected (vLLM's own validation when vLLM is installed).")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``select`` options to ``p`` (the ``select`` subparser of ``triton-mla-sparse``); returns ``p``."""
     p.add_argument("--capability", "-c", help="CUDA compute capability, e.g. 8.9, 89 or sm89, or a comma-separated "
                    "list (default: this GPU)")
     p.add_argument("--model", "-m", choices=sorted(MODELS), help="model shape: glm5 (GLM-5/5.1) or dsv32 "
@@ -426,6 +419,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _parser() -> argparse.ArgumentParser:
+    return add_arguments(argparse.ArgumentParser(prog="triton-mla-sparse select", description=DESCRIPTION))
+
+
 def _ok(report: dict) -> bool:
     if report["validation"] == "vllm":
         return report["selected"] is not None
@@ -434,7 +431,6 @@ def _ok(report: dict) -> bool:
 
 def format_table(reports: list[dict]) -> str:
     """One line per (capability, kv-cache dtype): the backend vLLM uses and how TRITON_MLA_SPARSE fared."""
-    from .integrations.vllm import BACKEND_NAME
 
     r0 = reports[0]
     m = r0["model"]
@@ -443,9 +439,9 @@ def format_table(reports: list[dict]) -> str:
              f"model {m['label']}: {m['num_heads']} heads / TP {r0['tp']} = {r0['heads_per_gpu']} per GPU, head_size "
              f"{r0['head_size']}, index_topk {m['index_topk']}; dtype {r0['dtype']}; TRITON_MLA_SPARSE_PRIORITY="
              f"{r0['priority_mode']}",
-             f"{'SM':<5} {'kv-cache-dtype':<15} {'vLLM uses':<29} {BACKEND_NAME}"]
+             f"{'SM':<5} {'kv-cache-dtype':<15} {'vLLM uses':<29} {policy.BACKEND_NAME}"]
     for r in reports:
-        ours = next((c for c in r["candidates"] if c["name"] == BACKEND_NAME), None)
+        ours = next((c for c in r["candidates"] if c["name"] == policy.BACKEND_NAME), None)
         if ours is None:
             mine = "not in vLLM's list"
         else:
@@ -462,12 +458,18 @@ def format_table(reports: list[dict]) -> str:
 
 
 def select_main(argv: list[str] | None = None) -> int:
-    """CLI entry: 0 when vLLM selects a backend for every requested configuration (without vLLM: when
-    TRITON_MLA_SPARSE's own checks pass), 1 when some configuration has none, 2 on bad arguments.
+    """``triton-mla-sparse select ARGS``: :func:`run` on ``argv`` parsed by :func:`add_arguments` (exits 2 on
+    unknown options, as argparse does)."""
+    return run(_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``select`` command on parsed :func:`add_arguments` options: 0 when vLLM selects a backend for every
+    requested configuration (without vLLM: when TRITON_MLA_SPARSE's own checks pass), 1 when some configuration has
+    none, 2 on bad arguments (or a bad ``TRITON_MLA_SPARSE_PRIORITY``).
 
     ``--capability`` and ``--kv-cache-dtype`` take comma-separated lists; several configurations print one table
     line each (``--details`` adds the full reports; ``--json`` prints a list of reports)."""
-    args = _parser().parse_args(argv)
     try:
         capabilities = [parse_capability(c) for c in args.capability.split(",")] if args.capability else [None]
         kv_dtypes = [k.strip() for k in args.kv_cache_dtype.split(",") if k.strip()]
@@ -501,5 +503,5 @@ def select_main(argv: list[str] | None = None) -> int:
     return 0 if all(_ok(r) for r in reports) else 1
 
 
-if __name__ == "__main__":  # python -m triton_mla_sparse.select
+if __name__ == "__main__":  # python -m triton_mla_sparse.integrations.vllm.select
     sys.exit(select_main())

@@ -1,11 +1,10 @@
 """Tests of the vLLM plugin against the real vLLM 0.33.0 package (run them with ``bash ci/vllm-env.sh``).
 
 Without vLLM installed (the main test run) nothing in this folder is collected. vLLM is detected from its
-installed metadata, not by importing ``vllm``: pytest puts ``tests/`` on sys.path, where this folder would pass
-for a namespace package of that name.
+installed metadata, not by importing ``vllm`` (an import would start vLLM's platform detection).
 
 vLLM's CUDA platform module needs ``libcuda.so.1``; on GPU-less machines ``ci/vllm-env.sh`` builds a stand-in
-(tests/vllm/libcuda_stub.c) and puts it on LD_LIBRARY_PATH. Run by hand without it, the tests are skipped with the
+(``libcuda_stub.c`` here) and puts it on LD_LIBRARY_PATH. Run by hand without it, the tests are skipped with the
 reason; with ``TMS_VLLM_REQUIRED=1`` (set by the script) they fail instead.
 """
 
@@ -63,7 +62,7 @@ def cuda_platform_module():
 @pytest.fixture(scope="session")
 def model_configs(tmp_path_factory):
     """Real vLLM ModelConfigs of GLM-5 and DeepSeek-V3.2 (config.json from transformers' config classes)."""
-    from triton_mla_sparse.select import MODELS, _model_config
+    from triton_mla_sparse.integrations.vllm.select import MODELS, _model_config
 
     tmp = str(tmp_path_factory.mktemp("models"))
     return {name: _model_config(shape, "bfloat16", tmp) for name, shape in MODELS.items()}

@@ -1,4 +1,4 @@
-"""The Triton DSA indexer as vLLM's out-of-tree ``SparseAttnIndexer`` (triton_mla_sparse.integrations.vllm_indexer).
+"""The Triton DSA indexer as vLLM's out-of-tree ``SparseAttnIndexer`` (``integrations.vllm.indexer``).
 
 Against the real vLLM 0.33.0 on a CPU host, where vLLM's platform is not CUDA: the CUDA/DeepGEMM probes are
 monkeypatched where a test needs a GPU without DeepGEMM. The forward tests build the indexer's metadata with vLLM's
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 
 @pytest.fixture(scope="module")
 def vi():
-    from triton_mla_sparse.integrations import vllm_indexer
+    from triton_mla_sparse.integrations.vllm import indexer as vllm_indexer
 
     assert vllm_indexer.install()
     return vllm_indexer
@@ -48,7 +48,7 @@ def no_deep_gemm_gpu(monkeypatch):
     """vLLM's platform answering like an SM89 GPU: CUDA, DeepGEMM not supported (the vendored package imports)."""
     from vllm.platforms import current_platform
 
-    from triton_mla_sparse.integrations.vllm_indexer import CALL_SITES
+    from triton_mla_sparse.integrations.vllm.indexer import CALL_SITES
 
     for mod_name, attr, _ in CALL_SITES:  # the names the Triton mode re-points: restored after the test
         mod = importlib.import_module(mod_name)
@@ -138,14 +138,17 @@ def test_register_installs_the_oot_op_idempotently(cuda_platform_module, vi, mon
     assert install_indexer() is False
 
 
-def test_register_with_a_bad_mode_logs_and_keeps_going(cuda_platform_module, monkeypatch, caplog):
+def test_register_with_a_bad_mode_raises_before_registering(cuda_platform_module, monkeypatch):
+    from vllm.model_executor.custom_op import op_registry_oot
+
     from triton_mla_sparse.integrations.vllm import install_indexer, register
 
+    before = op_registry_oot.get("SparseAttnIndexer")
     monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "maybe")
-    with caplog.at_level("WARNING", logger="vllm.plugins.triton_mla_sparse"):
-        register()
-        assert install_indexer() is False
-    assert "TRITON_MLA_SPARSE_INDEXER='maybe' is not one of" in caplog.text
+    for call in (register, install_indexer):
+        with pytest.raises(ValueError, match="TRITON_MLA_SPARSE_INDEXER: expected one of .*'maybe'"):
+            call()
+    assert op_registry_oot.get("SparseAttnIndexer") is before
 
 
 def test_constructs_without_deep_gemm_where_vllm_raises(vi, vc, no_deep_gemm_gpu, monkeypatch):

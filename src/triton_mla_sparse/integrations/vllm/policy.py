@@ -1,0 +1,180 @@
+"""What the ``TRITON_MLA_SPARSE`` vLLM backend declares and where it goes in vLLM's priorities; no vLLM needed.
+
+Everything the backend accepts is derived from :mod:`triton_mla_sparse.capabilities`, the source the kernels'
+own up-front check (``sparse_mla_attention``) reads: compute capabilities, q dtypes, head sizes (``D_v`` + each
+``D_rope``), the model limits (``kv_lora_rank``, ``qk_rope_head_dim``, ``index_topk``, heads per GPU).
+
+The two environment variables are read through :func:`env_mode` only. Unset or empty means the default mode;
+the value is compared without case or surrounding spaces; any other value raises ``ValueError`` naming the variable
+and its modes (so :func:`~triton_mla_sparse.integrations.vllm.register` stops vLLM's start-up with that message):
+
+* ``TRITON_MLA_SPARSE_PRIORITY`` = ``default`` | ``first`` | ``off`` (``auto`` is read as ``default``): where
+  :func:`policy_index` puts the backend in vLLM's CUDA sparse-MLA list;
+* ``TRITON_MLA_SPARSE_INDEXER`` = ``auto`` | ``always`` | ``off``: whether the Triton DSA indexer replaces vLLM's
+  (see :mod:`triton_mla_sparse.integrations.vllm.indexer`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ...capabilities import D_ROPES, Q_DTYPES, capability_reasons, problem_reasons, supports_capability
+from ...formats import D_V, KV_FORMATS
+
+__all__ = [
+    "BACKEND_NAME",
+    "BACKEND_CLASS_PATH",
+    "PRIORITY_ENV",
+    "PRIORITY_MODES",
+    "INDEXER_ENV",
+    "INDEXER_MODES",
+    "SM120_PEER",
+    "SUPPORTED_DTYPES",
+    "SUPPORTED_KV_CACHE_DTYPES",
+    "SUPPORTED_HEAD_SIZES",
+    "KV_CACHE_FORMATS",
+    "KV_LORA_RANK",
+    "ROPE_DIMS",
+    "env_mode",
+    "priority_mode",
+    "indexer_mode",
+    "model_reasons",
+    "static_reasons",
+    "policy_index",
+    "place_backend",
+    "policy_sentence",
+]
+
+BACKEND_NAME = "TRITON_MLA_SPARSE"
+BACKEND_CLASS_PATH = "triton_mla_sparse.integrations.vllm.backend.TritonMLASparseBackend"
+PRIORITY_ENV = "TRITON_MLA_SPARSE_PRIORITY"
+PRIORITY_MODES = ("default", "first", "off")
+INDEXER_ENV = "TRITON_MLA_SPARSE_INDEXER"
+INDEXER_MODES = ("auto", "always", "off")
+_ENV_MODES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    PRIORITY_ENV: (PRIORITY_MODES, {"auto": "default"}),
+    INDEXER_ENV: (INDEXER_MODES, {}),
+}
+#: The one vLLM sparse backend that precedes ours on SM 12.x.
+SM120_PEER = "FLASHINFER_MLA_SPARSE_SM120"
+
+#: vLLM kv-cache dtype -> this package's kv_format (None: inferred from the cache tensor, bf16 or fp16).
+KV_CACHE_FORMATS: dict[str, str | None] = {
+    "auto": None,
+    "bfloat16": None,
+    "float16": None,
+    "fp8": "fp8_e4m3",
+    "fp8_e4m3": "fp8_e4m3",
+    "fp8_ds_mla": "fp8_ds_mla",
+}
+assert all(f is None or f in KV_FORMATS for f in KV_CACHE_FORMATS.values())
+SUPPORTED_KV_CACHE_DTYPES = tuple(KV_CACHE_FORMATS)
+SUPPORTED_DTYPES = tuple(str(d).removeprefix("torch.") for d in Q_DTYPES)
+KV_LORA_RANK = D_V
+ROPE_DIMS = D_ROPES
+SUPPORTED_HEAD_SIZES = tuple(D_V + r for r in D_ROPES)  # 512 (NoPE), 576 (DeepSeek-V3.2, GLM-5)
+
+logger = logging.getLogger("vllm.plugins.triton_mla_sparse")
+
+
+def env_mode(name: str) -> str:
+    """The mode set by environment variable ``name`` (:data:`PRIORITY_ENV` or :data:`INDEXER_ENV`); see the module
+    docstring. Raises ``ValueError`` for a value that is not one of the variable's modes."""
+    modes, aliases = _ENV_MODES[name]
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return modes[0]
+    mode = aliases.get(raw, raw)
+    if mode not in modes:
+        raise ValueError(f"{name}: expected one of {modes} (or unset), got {os.environ[name]!r}")
+    return mode
+
+
+def priority_mode() -> str:
+    """The placement mode from ``TRITON_MLA_SPARSE_PRIORITY`` (:func:`env_mode`)."""
+    return env_mode(PRIORITY_ENV)
+
+
+def indexer_mode() -> str:
+    """The indexer mode from ``TRITON_MLA_SPARSE_INDEXER`` (:func:`env_mode`)."""
+    return env_mode(INDEXER_ENV)
+
+
+def model_reasons(*, kv_lora_rank: int, qk_rope_head_dim: int, index_topk: int | None = 2048,
+                  heads: int | None = None) -> list[str]:
+    """Why the kernels cannot serve this model's sparse MLA layers (empty: they can): the problem checks of
+    :func:`~triton_mla_sparse.capabilities.problem_reasons` for the model's dims, top-k (None: not a DSA model) and
+    ``heads`` per GPU (not checked when None)."""
+    if index_topk is None:
+        return [f"{BACKEND_NAME} requires a DSA model (index_topk in the model config)"]
+    reasons = problem_reasons(d_v=kv_lora_rank, d_rope=qk_rope_head_dim, topk=index_topk,
+                              heads=1 if heads is None else heads)
+    return [f"{BACKEND_NAME}: {r}" for r in reasons]
+
+
+def static_reasons(*, capability: tuple[int, int], head_size: int, dtype: str, kv_cache_dtype: str,
+                   kv_lora_rank: int = KV_LORA_RANK, qk_rope_head_dim: int = 64, index_topk: int | None = 2048,
+                   heads: int | None = None, hip_arch: str | None = None) -> list[str]:
+    """What vLLM's ``validate_configuration`` of the backend reports for a sparse MLA decoder layer, computed from
+    the same declarations without vLLM (vLLM's wording for its own checks); empty when accepted. ``hip_arch``: the
+    gfx name on ROCm (see :func:`~triton_mla_sparse.capabilities.arch_for_target`)."""
+    reasons = []
+    if head_size not in SUPPORTED_HEAD_SIZES:
+        reasons.append("head_size not supported")
+    if dtype not in SUPPORTED_DTYPES:
+        reasons.append("dtype not supported")
+    if kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
+        reasons.append("kv_cache_dtype not supported")
+    if not supports_capability(tuple(capability), hip_arch):
+        reasons.append("compute capability not supported")
+    model = model_reasons(kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim, index_topk=index_topk,
+                          heads=heads)
+    if model:
+        reasons.append("; ".join(model))
+    return reasons
+
+
+def _name(backend: object) -> str:
+    return backend if isinstance(backend, str) else backend.name
+
+
+def policy_index(names: list[str], capability: tuple[int, int], mode: str = "default") -> int | None:
+    """Where ``TRITON_MLA_SPARSE`` goes in vLLM's CUDA MLA priority list ``names`` on a GPU of compute capability
+    ``capability``, or None when it is not added (mode ``off``, a capability the kernels do not support, or
+    already listed). ``default``: first on SM 8.x, right after :data:`SM120_PEER` on SM 12.x, last elsewhere."""
+    if mode not in PRIORITY_MODES:
+        raise ValueError(f"mode: expected one of {PRIORITY_MODES}, got {mode!r}")
+    if mode == "off" or not supports_capability(tuple(capability)) or BACKEND_NAME in names:
+        return None
+    major = capability[0]
+    if mode == "first" or major == 8:
+        return 0
+    if major == 12 and SM120_PEER in names:
+        return names.index(SM120_PEER) + 1
+    return len(names)
+
+
+def place_backend(backends: list, capability: tuple[int, int], mode: str, ours: object) -> list:
+    """A copy of ``backends`` (enum members or names) with ``ours`` inserted where :func:`policy_index` says."""
+    backends = list(backends)
+    idx = policy_index([_name(b) for b in backends], capability, mode)
+    if idx is not None:
+        backends.insert(idx, ours)
+    return backends
+
+
+def policy_sentence(capability: tuple[int, int], mode: str) -> str:
+    """One sentence on where :func:`policy_index` puts the backend on this capability in ``mode``."""
+    name = BACKEND_NAME
+    major, minor = capability
+    if mode == "off":
+        return f"{PRIORITY_ENV}=off: {name} only runs when selected with --attention-backend {name}"
+    reasons = capability_reasons(tuple(capability))
+    if reasons:
+        return f"{name} does not run here: {reasons[0]}"
+    if mode == "first" or major == 8:
+        return f"{name} is placed first in vLLM's MLA list on SM {major}.{minor}"
+    if major == 12:
+        return f"{name} is placed right after {SM120_PEER} on SM {major}.{minor}"
+    return f"{name} is placed last in vLLM's MLA list on SM {major}.{minor} (fallback)"
