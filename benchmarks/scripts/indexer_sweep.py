@@ -1,9 +1,9 @@
 """Sweep the indexer kernels' launch parameters on the GPU (offline tuning aid; prints a table, writes nothing).
 
-    python benchmarks/indexer_sweep.py [--quick]
+    python benchmarks/scripts/indexer_sweep.py [--quick]
 
-Cases: decode (64 requests, one row each at the end of a 32K / 128K context) and prefill (4096 causal rows over
-32K), 64 and 32 fp8 index heads, paged block 64. Times (do_bench median, ms) the logits kernel for each
+Cases (the bench's indexer inputs): decode (64 requests, one row each at the end of a 32K / 128K context) and
+prefill (4096 causal rows over 32K), 64 and 32 fp8 index heads, paged block 64. Times (do_bench median, ms) the logits kernel for each
 (block_k, chunk_tiles, num_warps, num_stages) and the selection (the split select vs torch.topk) on the same logits.
 """
 
@@ -15,32 +15,17 @@ import itertools
 import torch
 import triton
 
-from triton_mla_sparse import indexer as I
-from triton_mla_sparse.kernels.indexer import launch_split_select
+from triton_mla_sparse import bench
+from triton_mla_sparse.ops.indexer import api as I
+from triton_mla_sparse.ops.topk.split_select import launch_split_select
 
-D, BS, TOPK = 128, 64, 2048
+D, TOPK = 128, 2048
 
 
-def make(kind, Hi, ctx, rows=4096, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    if kind == "decode":
-        R = 64
-        req = torch.arange(R, dtype=torch.int32, device="cuda")
-        pos = torch.full((R,), ctx - 1, dtype=torch.int32, device="cuda")
-    else:
-        R = 1
-        req = torch.zeros(rows, dtype=torch.int32, device="cuda")
-        pos = torch.arange(ctx - rows, ctx, dtype=torch.int32, device="cuda")
-    T = req.shape[0]
-    mb = ctx // BS
-    nb = R * mb
-    bt = torch.randperm(nb, generator=g, device="cuda").reshape(R, mb).to(torch.int32)
-    k = torch.randint(0, 255, (nb, BS * (D + 4)), dtype=torch.uint8, device="cuda", generator=g)
-    k[:, BS * D:] = torch.rand(nb, BS, device="cuda", generator=g).float().contiguous().view(torch.uint8).view(nb, -1)
-    k[:, :BS * D] = (torch.randn(nb, BS * D, device="cuda", generator=g) * 3).to(torch.float8_e4m3fn).view(torch.uint8)
-    q = (torch.randn(T, Hi, D, device="cuda", generator=g) * 3).to(torch.float8_e4m3fn)
-    w = torch.randn(T, Hi, device="cuda", generator=g)
-    return (q, w, k, bt, req, pos), ctx
+def make(kind: str, Hi: int, ctx: int) -> tuple[tuple, int]:
+    """The bench's inputs of an indexer case (64 decode rows, or 4096 prefill rows) and the logits width."""
+    inp = bench.build_indexer_inputs(bench.indexer_case(Hi, kind, ctx=ctx), "cuda")
+    return bench.indexer_args(inp), inp.max_len
 
 
 def main():
@@ -85,7 +70,7 @@ def main():
             continue
         sel = torch.empty(p.T, TOPK, dtype=torch.int32, device="cuda")
         cfg = I.choose_indexer_config(p)
-        import triton_mla_sparse.kernels.indexer as K
+        from triton_mla_sparse.ops.topk import split_select as K
 
         nreps, nrep0 = [int(x) for x in a.nrep.split(",") if x] or [K.NREP], K.NREP
         for chunk, blk, nrep in [(c, b, r) for c, b in ((8192, 2048), (4096, 2048), (16384, 2048)) for r in nreps]:

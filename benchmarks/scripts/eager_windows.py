@@ -1,9 +1,9 @@
 """How stable are eager (do_bench) figures of sub-0.5 ms calls on the lent GPU machine? For the bench's decode
-indexer cases, times ours / ours_logits / deepgemm / deepgemm_topk in interleaved rounds (one do_bench median per
-method per round, L2 flushed as in the bench) and prints every round, so a transient slowdown of one window shows
-as one outlier rather than as a method's figure.
+indexer cases, times ours / ours_logits / deepgemm / deepgemm_topk in interleaved rounds (one do_bench window per
+method per round, the bench's eager timer) and prints every round, so a transient slowdown of one window shows as
+one outlier rather than as a method's figure.
 
-    python benchmarks/eager_windows.py [rounds]
+    python benchmarks/scripts/eager_windows.py [rounds]
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from __future__ import annotations
 import sys
 
 import torch
-from triton.testing import do_bench
 
 from triton_mla_sparse import bench
 
 METHODS = ("ours", "ours_logits", "deepgemm", "deepgemm_topk")
 
 
-def main(rounds: int = 6):
+def main(rounds: int = 6) -> None:
     peers = bench.load_peers(None, wanted=("deepgemm", "deepgemm_topk"))
     facs = bench.method_factories(peers)
+    timer = bench.DoBenchTimer(1, rep=50)
     for heads, ctx in ((64, 32768), (32, 32768), (64, 131072)):
         case = bench.indexer_case(heads, "decode", ctx=ctx)
         inp = bench.build_inputs(case, "cuda")
@@ -36,7 +36,7 @@ def main(rounds: int = 6):
         rows = {m: [] for m in fns}
         for _ in range(rounds):
             for m, fn in fns.items():
-                rows[m].append(float(do_bench(fn, warmup=10, rep=50, return_mode="median")))
+                rows[m].append(timer(fn))
         print(case.name)
         for m, v in rows.items():
             print(f"  {m:14s} " + " ".join(f"{x:.4f}" for x in v) + f"   min {min(v):.4f} max {max(v):.4f}")

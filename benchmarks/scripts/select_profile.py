@@ -1,6 +1,6 @@
 """Where the time of ``indexer_topk`` goes on decode rows (offline aid for the split select; prints, writes nothing).
 
-    python benchmarks/select_profile.py [--cases h64-128K,h32-128K,...] [--nrep 8,32]
+    python benchmarks/scripts/select_profile.py [--cases h64-128K,h32-128K,...] [--nrep 8,32]
 
 For each decode case (the bench's inputs: 64 requests, one row each at the end of the context, 64 or 32 fp8 index
 heads) it times under CUDA-graph replay (median ms): the whole call, the logits kernel, the split select on the
@@ -20,8 +20,8 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 from triton_mla_sparse import bench as B
-from triton_mla_sparse import indexer as I
-from triton_mla_sparse.kernels import indexer as K
+from triton_mla_sparse.ops.indexer import api as I
+from triton_mla_sparse.ops.topk import split_select as K
 
 TOPK = 2048
 CASES = {"h64-32K": (64, 32768), "h64-128K": (64, 131072), "h32-32K": (32, 32768), "h32-128K": (32, 131072)}
@@ -34,7 +34,7 @@ def graph_ms(fn, rep=60):
 def run_case(label, heads, ctx, nreps):
     case = B.indexer_case(heads, "decode", ctx=ctx)
     inp = B.build_indexer_inputs(case, "cuda")
-    args = (inp.q, inp.weights, inp.k_cache, inp.block_table, inp.req_id_per_token, inp.positions)
+    args = B.indexer_args(inp)
     p = I.check_indexer_inputs(*args)
     L = inp.max_len
     T = p.T
@@ -105,6 +105,7 @@ def profile_breakdown(args, L, out):
                                                   else e.cuda_time_total)
     for name, ts in sorted(agg.items(), key=lambda kv: -sum(kv[1])):
         print(f"  profiler: {name:60s} x{len(ts):3d}  median {statistics.median(ts) / 1000:.4f} ms")
+
 
 def main():
     ap = argparse.ArgumentParser()

@@ -1,7 +1,7 @@
 """Where the host time of one eager call goes (GPU machine): per-call wall time of the public call and of its
 parts on a tiny decode problem, whose GPU work is shorter than its launch, so the loop runs at host speed.
 
-    python benchmarks/host_overhead.py [--indexer]   (--indexer: only the indexer rows)
+    python benchmarks/scripts/host_overhead.py [--indexer]   (--indexer: only the indexer rows)
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import time
 import torch
 
 import triton_mla_sparse as tms
-from triton_mla_sparse import api
-from triton_mla_sparse._checks import check_attention_inputs
-from triton_mla_sparse.kernels.attention import launch_sparse_mla
+from triton_mla_sparse import bench
+from triton_mla_sparse.capabilities import arch_for_device
+from triton_mla_sparse.ops.sparse_mla.api import _choose_config, check_attention_inputs
+from triton_mla_sparse.ops.sparse_mla.kernels import launch_sparse_mla
 
 
 def _timed_loop(fn, n, warmup):
@@ -40,20 +41,17 @@ def indexer_rows():
     ``indexer_topk`` and each of its parts, plus the pieces of one Triton launch through a compiled kernel."""
     import triton
 
-    from triton_mla_sparse import indexer as ix
-    from triton_mla_sparse.kernels import indexer as kix
+    from triton_mla_sparse.ops.indexer import api as ix
+    from triton_mla_sparse.ops.indexer.configs import choose_indexer_config
+    from triton_mla_sparse.ops.indexer.kernels import launch_indexer_logits
+    from triton_mla_sparse.ops.topk import split_select as kix
 
     dev = torch.device("cuda")
     T, H, bs, ctx = 4, 64, 64, 512
-    q = torch.randn(T, H, 128, device=dev).to(torch.float8_e4m3fn)
-    w = torch.randn(T, H, device=dev)
-    kc = torch.randint(0, 120, (T * ctx // bs, bs * 132), dtype=torch.uint8, device=dev)
-    kc.view(-1, bs, 132)[:, :, 128:] = 0  # scales 0.0 (bytes 0): finite logits
-    bt = torch.arange(T * ctx // bs, dtype=torch.int32, device=dev).view(T, -1)
-    req = torch.arange(T, dtype=torch.int32, device=dev)
-    pos = torch.full((T,), ctx - 1, dtype=torch.int32, device=dev)
+    inp = bench.build_indexer_inputs(bench.indexer_case(H, "decode", rows=T, ctx=ctx, block_size=bs), dev)
+    q, w, kc, bt, req, pos = bench.indexer_args(inp)
     p = ix.check_indexer_inputs(q, w, kc, bt, req, pos)
-    cfg = ix.choose_indexer_config(p)
+    cfg = choose_indexer_config(p)
     logits = torch.empty(T, ctx, dtype=torch.float32, device=dev)
     out = torch.empty(T, 2048, dtype=torch.int32, device=dev)
     ws, buf = kix.split_select_workspace(T, ctx, dev)
@@ -79,7 +77,7 @@ def indexer_rows():
         "  choose_indexer_config": lambda: ix.choose_indexer_config(p),
         "  torch.empty x1": lambda: torch.empty(T, ctx, dtype=torch.float32, device=dev),
         "  split_select_workspace (zeros + empty)": lambda: kix.split_select_workspace(T, ctx, dev),
-        "  launch_indexer_logits": lambda: kix.launch_indexer_logits(p, logits, cfg),
+        "  launch_indexer_logits": lambda: launch_indexer_logits(p, logits, cfg),
         "  launch_split_select": lambda: kix.launch_split_select(logits, out, 2048, cfg),
         "  hist launch (CachedLauncher)": lambda: kix._launch_hist(grid, hist_args, const, num_warps=8),
         "  hist launch (compiled[grid](*args))": lambda: compiled[grid](*full),
@@ -105,11 +103,9 @@ def enqueue_us(fn, n=12):
 
 def indexer_real_sizes():
     """Host enqueue time against wall time per call at the bench's decode indexer sizes (64 rows x 32K / 128K)."""
-    from triton_mla_sparse import bench
-
     for heads, ctx in ((64, 32768), (32, 32768), (64, 131072)):
         inp = bench.build_indexer_inputs(bench.indexer_case(heads, "decode", ctx=ctx), "cuda")
-        a = bench._indexer_args(inp)
+        a = bench.indexer_args(inp)
         logits = tms.indexer_logits(*a, ctx)
         for name, fn in (("indexer_topk", lambda: tms.indexer_topk(*a, 2048)),
                          ("indexer_logits", lambda: tms.indexer_logits(*a, ctx)),
@@ -128,19 +124,16 @@ def main():
         return
     dev = torch.device("cuda")
     for H, fmt in ((16, "bf16"), (128, "bf16"), (16, "fp8_ds_mla")):
-        q = torch.randn(1, H, 576, dtype=torch.bfloat16, device=dev)
-        kv = torch.randn(64, 64, 576, dtype=torch.bfloat16, device=dev)
-        if fmt == "fp8_ds_mla":
-            kv = tms.formats.quantize_fp8_ds_mla(kv)
-        idx = torch.randint(0, 4096, (1, 64), dtype=torch.int32, device=dev)
+        inp = bench.build_inputs(bench.decode_case(H, 1, fmt, ctx=4096, topk=64), dev)
+        q, kv, idx = inp.q, inp.kv_cache, inp.indices
         p = check_attention_inputs(q, kv, idx, 0.1)
-        cfg = api._choose_config(p.T, p.H, p.topk, dev, "auto", p.kv_format, api.arch_for_device(dev))
+        cfg = _choose_config(p.T, p.H, p.topk, dev, "auto", p.kv_format, arch_for_device(dev))
         out = torch.empty(1, H, 512, dtype=torch.bfloat16, device=dev)
         rows = {
             "sparse_mla_attention": lambda: tms.sparse_mla_attention(q, kv, idx, 0.1),
             "  check_attention_inputs": lambda: check_attention_inputs(q, kv, idx, 0.1),
-            "  config (memoised)": lambda: api._choose_config(p.T, p.H, p.topk, dev, "auto", p.kv_format,
-                                                              api.arch_for_device(dev)),
+            "  config (memoised)": lambda: _choose_config(p.T, p.H, p.topk, dev, "auto", p.kv_format,
+                                                              arch_for_device(dev)),
             "  torch.empty x1": lambda: torch.empty(1, H, 512, dtype=torch.bfloat16, device=dev),
             "  launch_sparse_mla (kernels only)": lambda: launch_sparse_mla(p, cfg, out),
             "torch.add (one tiny torch op)": lambda: torch.add(q, 1.0),
