@@ -2,39 +2,41 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 
 import torch
 
-from .capabilities import ARCHS, MAX_HEADS, MAX_TOPK, arch_for_device, describe_device, unsupported_reasons
-from .formats import KV_FORMATS, quantize_fp8_ds_mla
+from ..capabilities import ARCHS, MAX_HEADS, MAX_TOPK, arch_for_device, describe_device, unsupported_reasons
+from ..formats import KV_FORMATS
+from ._device import prepare_device
 
 # (heads, rows, topk, slots): a GLM-5 TP8 decode, a DeepSeek-V3.2 TP8 decode, a 64-head prefill, a 128-head step.
 GPU_SIZES = [(8, 64, 2048, 8192), (16, 4, 2048, 8192), (64, 256, 512, 4096), (128, 8, 2048, 8192)]
 CPU_SIZES = [(3, 2, 40, 128), (16, 3, 70, 256)]  # through the interpreter: tiny
 CHECK_FORMATS = ["bf16", "fp16", "fp8_e4m3", "fp8_ds_mla/pow2", "fp8_ds_mla/fp32"]
+SOFTMAX_SCALE = 0.0625
 
 
-def _inputs(fmt, heads, rows, topk, slots, device, q_dtype, gen):
+def _inputs(fmt: str, heads: int, rows: int, topk: int, slots: int, device: torch.device, q_dtype: torch.dtype,
+            gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """q, a [slots / 64, 64, row] cache in ``fmt`` and slot lists with out-of-range entries at both ends."""
+    from ..testing import encode_cache
+
+    kv_format, _, scale_format = fmt.partition("/")
     kv = torch.randn(slots // 64, 64, 576, generator=gen, device=device)
-    kwargs = {}
-    if fmt in ("bf16", "fp16"):
-        cache = kv.to(torch.bfloat16 if fmt == "bf16" else torch.float16)
-    elif fmt == "fp8_e4m3":
-        kwargs["k_scale"] = 0.02
-        cache = (kv / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn)
-    else:
-        cache = quantize_fp8_ds_mla(kv, scale_format=fmt.split("/")[1])
+    cache, k_scale = encode_cache(kv, kv_format, scale_format=scale_format or "pow2")
     q = torch.randn(rows, heads, 576, generator=gen, device=device).to(q_dtype)
     idx = torch.randint(-8, slots + 8, (rows, topk), generator=gen, device=device, dtype=torch.int32)
-    return q, cache, idx, kwargs
+    return q, cache, idx, ({} if k_scale is None else {"k_scale": k_scale})
 
 
 def run_check(seed: int = 0) -> int:
     """Every supported format × both kernels against the float32 reference at a few sizes; 0 if all pass."""
-    from . import reference
-    from .api import sparse_mla_attention_with_config
+    from .. import reference
+    from ..ops.sparse_mla import sparse_mla_attention_with_config
+    from ..testing import nan_filled, rel_err
 
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda") if on_gpu else torch.device("cpu")
@@ -54,22 +56,21 @@ def run_check(seed: int = 0) -> int:
     for fmt in CHECK_FORMATS:
         for heads, rows, topk, slots in sizes:
             q, cache, idx, kwargs = _inputs(fmt, heads, rows, topk, slots, device, q_dtype, gen)
-            ref, ref_lse = reference.sparse_mla_attention(q, cache, idx, 0.0625, return_lse=True,
+            ref, ref_lse = reference.sparse_mla_attention(q, cache, idx, SOFTMAX_SCALE, return_lse=True,
                                                           out_dtype=torch.float32, **kwargs)
             for kernel in ("decode", "prefill"):
                 t0 = time.time()
                 try:
-                    out = torch.full_like(q[..., :512], float("nan"))
-                    _, lse, cfg = sparse_mla_attention_with_config(q, cache, idx, 0.0625, out=out, return_lse=True,
-                                                                   kernel=kernel, return_config=True, **kwargs)
-                    err = ((out.float() - ref).norm() / ref.norm()).item()
+                    out = nan_filled((rows, heads, 512), q_dtype, device)
+                    _, lse, cfg = sparse_mla_attention_with_config(q, cache, idx, SOFTMAX_SCALE, out=out,
+                                                                   return_lse=True, kernel=kernel,
+                                                                   return_config=True, **kwargs)
+                    err = rel_err(out, ref)
                     finite = torch.isfinite(ref_lse)
                     same_inf = bool(torch.equal(finite, torch.isfinite(lse)))
                     lse_err = (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
                     ok = math.isfinite(err) and err <= tol and same_inf and lse_err <= 1e-2
-                    cfg_s = f"bh{cfg.block_h} bn{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} " \
-                            f"split{cfg.num_splits}{' swfp8' if cfg.sw_fp8 else ''}"
-                    result = "pass" if ok else "FAIL"
+                    cfg_s, result = cfg.describe(), "pass" if ok else "FAIL"
                 except Exception as e:  # noqa: BLE001 - reported as a failure of this cell
                     err = lse_err = float("nan")
                     cfg_s, result, ok = f"{type(e).__name__}: {e}"[:44], "FAIL", False
@@ -83,7 +84,7 @@ def run_check(seed: int = 0) -> int:
 
 def run_info(arch_name: str | None = None) -> int:
     """Device, architecture family, the launch table entries that apply, and what is unsupported and why."""
-    from .kernels.configs import CACHE_CLASSES, HEAD_CLASSES, TABLE
+    from ..ops.sparse_mla.configs import CACHE_CLASSES, HEAD_CLASSES, TABLE
 
     if arch_name is not None:
         if arch_name not in ARCHS:
@@ -125,3 +126,26 @@ def run_info(arch_name: str | None = None) -> int:
                                       q_dtype=torch.float32):
         print(f"  - {reason}")
     return 0
+
+
+def _run_check(args: argparse.Namespace) -> int:
+    prepare_device()
+    return run_check(seed=args.seed)
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    return run_info(args.arch)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("check", help="self-test: every format and both kernels against the reference on this GPU",
+                       description="Runs every supported kv format (bf16, fp16, fp8_e4m3, fp8_ds_mla with pow2 and "
+                                   "fp32 scales) through both kernels at a few sizes against the float32 reference and "
+                                   "prints a pass/fail table with errors and the chosen configs. Exits 1 on any "
+                                   "failure. Without a GPU it runs reduced sizes through the Triton interpreter.")
+    c.add_argument("--seed", type=int, default=0)
+    c.set_defaults(run=_run_check)
+    i = sub.add_parser("info", help="device, architecture family, launch configs that apply, and what is unsupported",
+                       description="What this library does on the current GPU (or on --arch without one).")
+    i.add_argument("--arch", help="show a declared architecture instead of the current device (e.g. sm86, gfx942)")
+    i.set_defaults(run=_run_info)
