@@ -205,3 +205,15 @@ def test_unpack_indexer_cache_rejects(bad):
 
     with pytest.raises(ValueError, match="cache"):
         dequantize_indexer_cache(bad)
+
+
+def test_indexer_cache_pow2_scales():
+    from triton_mla_sparse.formats import dequantize_indexer_cache, quantize_indexer_cache, unpack_indexer_cache
+
+    values = torch.randn(2, 8, 128) * 3.0
+    _, scales = unpack_indexer_cache(quantize_indexer_cache(values, scale_format="pow2"))
+    assert torch.equal(scales, torch.exp2(torch.ceil(torch.log2(values.abs().amax(-1) / 448.0))))
+    back = dequantize_indexer_cache(quantize_indexer_cache(values, scale_format="pow2"))
+    assert ((back - values).norm() / values.norm()).item() < 0.05
+    with pytest.raises(ValueError, match="scale_format"):
+        quantize_indexer_cache(values, scale_format="ue8m0")

@@ -112,18 +112,23 @@ def dequantize_fp8_ds_mla(packed: torch.Tensor) -> torch.Tensor:
     return dequantize_fp8_ds_mla_float(packed, torch.float32).to(torch.bfloat16)
 
 
-def quantize_indexer_cache(values: torch.Tensor) -> torch.Tensor:
+def quantize_indexer_cache(values: torch.Tensor, *, scale_format: str = "fp32") -> torch.Tensor:
     """Pack indexer keys ``values [num_blocks, block_size, 128]`` (any float dtype) into vLLM's fp8 indexer cache,
     uint8 ``[num_blocks, block_size · 132]``: per block the ``block_size · 128`` e4m3 values (token-major), then
-    ``block_size`` float32 scales, ``scale = amax / 448`` per token as vLLM's indexer cache writer makes them (at
-    least 1e-8, so an all-zero token stays exactly zero). Returns the cache on values' device."""
+    ``block_size`` float32 scales, ``scale = amax / 448`` per token (at least 1e-8, so an all-zero token stays
+    exactly zero); ``scale_format="pow2"`` rounds each scale up to a power of two, as vLLM's UE8M0 writer does.
+    Returns the cache on values' device."""
     if not isinstance(values, torch.Tensor) or not values.is_floating_point():
         raise ValueError(f"values: expected a floating-point tensor [num_blocks, block_size, {D_INDEX}], "
                          f"got {_describe(values)}")
     if values.dim() != 3 or values.shape[-1] != D_INDEX:
         raise ValueError(f"values: expected shape [num_blocks, block_size, {D_INDEX}], got {tuple(values.shape)}")
+    if scale_format not in _SCALE_FORMATS:
+        raise ValueError(f"scale_format: expected one of {_SCALE_FORMATS}, got {scale_format!r}")
     nb, bs, _ = values.shape
     scale = (values.float().abs().amax(-1) / FP8_E4M3_MAX).clamp_min(1e-8)  # [nb, bs]
+    if scale_format == "pow2":
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
     q8 = (values.float() / scale[..., None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     buf = torch.empty(nb, bs * INDEXER_ROW_BYTES, dtype=torch.uint8, device=values.device)
     buf[:, :bs * D_INDEX] = q8.view(torch.uint8).reshape(nb, bs * D_INDEX)

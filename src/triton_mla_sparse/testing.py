@@ -273,7 +273,7 @@ def indexer_inputs(phase: str, *, rows: int, heads: int, ctx: int, requests: int
 
 # ----------------------------------------------------------------------------------------------- comparisons
 
-def take_rows(x, rows: torch.Tensor | None):
+def take_rows(x: torch.Tensor | tuple | None, rows: torch.Tensor | None) -> torch.Tensor | tuple | None:
     """``x[rows]`` for a tensor, element-wise for a tuple (a split q), ``x`` itself when x or rows is None: the
     same subset of rows of every argument, to check a large problem on a sample."""
     if x is None or rows is None:

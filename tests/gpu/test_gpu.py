@@ -19,7 +19,7 @@ from triton_mla_sparse import quantize_fp8_ds_mla, reference, sparse_mla_attenti
 from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
 from triton_mla_sparse.capabilities import arch_for_device
 from triton_mla_sparse.ops.sparse_mla.configs import MAX_BLOCK_H
-from triton_mla_sparse.testing import random_block_table, random_topk_positions, rel_err, take_rows
+from triton_mla_sparse.testing import encode_cache, random_block_table, random_topk_positions, rel_err, take_rows
 
 pytestmark = GPU_TIER
 
@@ -57,14 +57,13 @@ def pool() -> Pool:
     torch.manual_seed(0)
     values = torch.randn(NB, BS, 576, dtype=torch.float32, device=DEV)
     bt = random_block_table(NREQ, CTX // BS, DEV)
-    s = float(values.abs().amax()) / 448.0
-    caches = {
-        "bf16": Cache(values.to(torch.bfloat16), "bf16", None, QD),
-        "fp16": Cache(values.to(torch.float16), "fp16", None, torch.float16),
-        "fp8_e4m3": Cache((values / s).to(torch.float8_e4m3fn), "fp8_e4m3", s, QD),
-        "fp8_ds_mla_pow2": Cache(quantize_fp8_ds_mla(values, scale_format="pow2"), "fp8_ds_mla", None, QD),
-        "fp8_ds_mla_fp32": Cache(quantize_fp8_ds_mla(values, scale_format="fp32"), "fp8_ds_mla", None, QD),
-    }
+
+    def cache(fmt: str, q_dtype: torch.dtype = QD, scale_format: str = "pow2") -> Cache:
+        stored, k_scale = encode_cache(values, fmt, scale_format=scale_format)
+        return Cache(stored, fmt, k_scale, q_dtype)
+
+    caches = {"bf16": cache("bf16"), "fp16": cache("fp16", torch.float16), "fp8_e4m3": cache("fp8_e4m3"),
+              "fp8_ds_mla_pow2": cache("fp8_ds_mla"), "fp8_ds_mla_fp32": cache("fp8_ds_mla", scale_format="fp32")}
     return Pool(values=values, block_table=bt, caches=caches)
 
 

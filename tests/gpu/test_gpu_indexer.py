@@ -12,6 +12,7 @@ import torch
 import triton_mla_sparse as tms
 from triton_mla_sparse import reference
 from triton_mla_sparse.formats import quantize_indexer_cache
+from triton_mla_sparse.testing import quantize_indexer_q
 
 HAVE_CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")]
@@ -51,9 +52,8 @@ def make(kind: str, Hi: int, fmt: str, seed: int = 0):
     w = torch.randn(T, Hi, generator=g, device="cuda") * Hi ** -0.5
     if fmt == "fp8":
         k_cache = quantize_indexer_cache(values)
-        qs = q.abs().amax(-1, keepdim=True) / 448.0
-        q = (q / qs).to(torch.float8_e4m3fn)
-        w = w * qs[..., 0]  # q's scale folded into the weights
+        q, qs = quantize_indexer_q(q)
+        w = w * qs  # q's scale folded into the weights
     else:
         k_cache = values.to(torch.bfloat16)
         q = q.to(torch.bfloat16)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from triton_mla_sparse import reference
+from triton_mla_sparse.formats import quantize_indexer_cache
 
 PREFIX = "model.layers.0.self_attn.indexer.k_cache"
 BLOCK = 64
@@ -210,22 +211,14 @@ def test_rejects_what_it_cannot_serve(vi, vc, monkeypatch, kwargs, match):
 # ---------------------------------------------------------------------------------------------------- forward
 
 
-def quantize_tokens(k: torch.Tensor):
-    """vLLM's indexer quantization of K rows [n, 128]: e4m3 values and one power-of-two (ue8m0) float32 scale."""
-    amax = k.abs().amax(dim=-1).clamp_min(1e-4)
-    scale = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
-    return (k / scale[:, None]).to(torch.float8_e4m3fn), scale.float()
-
-
 def make_cache(num_blocks: int, gap_bytes: int, g: torch.Generator):
     """The layer's indexer cache as vLLM binds it ([num_blocks, 64, 132] uint8, blocks gap_bytes apart) and the
     same bytes as a contiguous [num_blocks, 64·132] tensor for the reference. Gaps hold 0xFF (NaN)."""
     page = BLOCK * 132
     buf = torch.full((num_blocks, page + gap_bytes), 0xFF, dtype=torch.uint8)
-    for b in range(num_blocks):
-        vals, scales = quantize_tokens(torch.randn(BLOCK, 128, generator=g) * (0.5 + b % 3))
-        buf[b, :BLOCK * 128] = vals.view(torch.uint8).reshape(-1)
-        buf[b, BLOCK * 128:page] = scales.view(torch.uint8)
+    for b in range(num_blocks):  # vLLM's power-of-two (UE8M0) scales
+        keys = torch.randn(1, BLOCK, 128, generator=g) * (0.5 + b % 3)
+        buf[b, :page] = quantize_indexer_cache(keys, scale_format="pow2")[0]
     kv_cache = buf[:, :page].view(num_blocks, BLOCK, 132)
     assert kv_cache.stride(0) == page + gap_bytes
     return kv_cache, buf[:, :page].contiguous()
