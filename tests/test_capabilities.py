@@ -4,6 +4,7 @@ vLLM's own validation to the same answers."""
 
 from __future__ import annotations
 
+import re
 import types
 
 import pytest
@@ -147,3 +148,28 @@ def test_select_declarations_agree(capsys, monkeypatch):
     monkeypatch.setenv(policy.PRIORITY_ENV, "bogus")
     assert select_main(["-c", "8.9", "-m", "glm5", "--no-vllm"]) == 2
     assert "TRITON_MLA_SPARSE_PRIORITY: expected one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [9, 8, (8,), (8, 9, 0), ("8", "9"), (8.0, 9), (True, 0), None, "8.9"],
+                         ids=repr)
+def test_capability_argument_is_a_pair_of_ints(bad):
+    """policy_index, place_backend, static_reasons and policy_sentence take (major, minor); the old int form (a
+    major alone) and anything else that is not a pair of ints is one ValueError naming the argument."""
+    message = "^" + re.escape(f"capability: expected a (major, minor) pair of ints, got {bad!r}") + "$"
+    with pytest.raises(ValueError, match=message):
+        policy.policy_index([], bad)
+    with pytest.raises(ValueError, match=message):
+        policy.place_backend(["A"], bad, "default", "TRITON_MLA_SPARSE")
+    with pytest.raises(ValueError, match=message):
+        policy.static_reasons(capability=bad, head_size=576, dtype="bfloat16", kv_cache_dtype="auto")
+    with pytest.raises(ValueError, match=message):
+        policy.policy_sentence(bad, "default")
+
+
+def test_capability_pairs_in_any_sequence_form():
+    assert policy.check_capability((8, 9)) == policy.check_capability([8, 9]) == (8, 9)
+    assert policy.policy_index(["A"], [12, 0]) == policy.policy_index(["A"], (12, 0)) == 1
+    assert policy.place_backend(["A"], [8, 0], "default", "T") == ["T", "A"]
+    assert policy.static_reasons(capability=[8, 9], head_size=576, dtype="bfloat16", kv_cache_dtype="auto") == []
+    with pytest.raises(TypeError, match="major"):  # the old keyword is gone (see the docstring)
+        policy.static_reasons(major=8, head_size=576, dtype="bfloat16", kv_cache_dtype="auto")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import re
+import subprocess
+import sys
 import types
 from importlib.metadata import entry_points
 
@@ -161,8 +164,8 @@ def test_bad_env_value_is_a_value_error_everywhere(fresh_priorities, monkeypatch
 
     monkeypatch.setenv(var, "bogus")
     modes = policy.PRIORITY_MODES if var == policy.PRIORITY_ENV else policy.INDEXER_MODES
-    message = f"{var}: expected one of {modes}.*'bogus'"
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    message = re.escape(f"{var}: expected one of {modes}") + ".*'bogus'"
+    with pytest.raises(ValueError, match=message):
         plugin.register()
     with pytest.raises(ValueError, match=var):
         policy.env_mode(var)
@@ -251,3 +254,43 @@ def test_policy_index_pure():
     assert policy.policy_index(["TRITON_MLA_SPARSE"], (8, 0)) is None
     with pytest.raises(ValueError, match="mode"):
         policy.policy_index(["A"], (8, 0), "bogus")
+    # vLLM's DeviceCapability is a (major, minor) pair; the old int form (a major alone) is refused, not guessed.
+    from vllm.platforms.interface import DeviceCapability
+
+    assert policy.policy_index(["A", "B"], DeviceCapability(8, 9)) == 0
+    for old_form in (9, 8, 12):
+        expected = rf"^capability: expected a \(major, minor\) pair of ints, got {old_form}$"
+        with pytest.raises(ValueError, match=expected):
+            policy.policy_index(["A", "B"], old_form)
+        with pytest.raises(ValueError, match=r"^capability: expected a \(major, minor\) pair"):
+            policy.place_backend(["A", "B"], old_form, "default", "TRITON_MLA_SPARSE")
+    assert vllm_integration.policy_index is policy.policy_index  # the package's names are the policy's
+
+
+def test_old_module_paths_are_the_new_objects():
+    """integrations.vllm_backend and integrations.vllm_indexer (the paths before the vLLM integration became a
+    package) re-export the same objects; triton_mla_sparse.select likewise (also in the CPU tier)."""
+    pairs = [("triton_mla_sparse.integrations.vllm_backend", "triton_mla_sparse.integrations.vllm.backend"),
+             ("triton_mla_sparse.integrations.vllm_indexer", "triton_mla_sparse.integrations.vllm.indexer"),
+             ("triton_mla_sparse.select", "triton_mla_sparse.integrations.vllm.select")]
+    for old_path, new_path in pairs:
+        old, new = importlib.import_module(old_path), importlib.import_module(new_path)
+        assert old.__doc__.startswith("Old path of ") and new_path in old.__doc__
+        assert set(new.__all__) <= set(old.__all__), old_path
+        for name in old.__all__:
+            assert getattr(old, name) is getattr(new, name), (old_path, name)
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from triton_mla_sparse.integrations.vllm_backend import TritonMLASparseBackend
+
+    plugin.register()
+    assert AttentionBackendEnum["TRITON_MLA_SPARSE"].get_class() is TritonMLASparseBackend
+
+
+def test_policy_and_select_paths_import_no_vllm():
+    """With vLLM installed, importing the plugin package, its policy and select (new and old paths) leaves vLLM
+    and Triton unimported (vLLM's plugin loader and `triton-mla-sparse select --no-vllm` rely on it)."""
+    code = ("import sys, triton_mla_sparse, triton_mla_sparse.integrations.vllm, triton_mla_sparse.select, "
+            "triton_mla_sparse.integrations.vllm.select; print('triton' in sys.modules, 'vllm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr

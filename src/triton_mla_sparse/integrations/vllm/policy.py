@@ -44,6 +44,7 @@ __all__ = [
     "policy_index",
     "place_backend",
     "policy_sentence",
+    "check_capability",
 ]
 
 BACKEND_NAME = "TRITON_MLA_SPARSE"
@@ -113,12 +114,31 @@ def model_reasons(*, kv_lora_rank: int, qk_rope_head_dim: int, index_topk: int |
     return [f"{BACKEND_NAME}: {r}" for r in reasons]
 
 
+def check_capability(capability: object) -> tuple[int, int]:
+    """``capability`` as a ``(major, minor)`` tuple: a pair of ints (a tuple, a list or vLLM's ``DeviceCapability``).
+
+    Anything else raises ``ValueError("capability: expected a (major, minor) pair of ints, got ...")``, including a
+    bare major such as ``9``: the form :func:`policy_index`, :func:`place_backend` and ``static_reasons(major=)``
+    took before the vLLM integration became a package. That form is refused rather than read as "major.x", because
+    the kernels are declared per (major, minor) (:data:`triton_mla_sparse.capabilities.ARCHS`): 10.0 and 10.3 run,
+    10.1 does not, 11.x is no longer a fallback, so a major alone no longer has one answer."""
+    if (isinstance(capability, (tuple, list)) and len(capability) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in capability)):
+        return int(capability[0]), int(capability[1])
+    raise ValueError(f"capability: expected a (major, minor) pair of ints, got {capability!r}")
+
+
 def static_reasons(*, capability: tuple[int, int], head_size: int, dtype: str, kv_cache_dtype: str,
                    kv_lora_rank: int = KV_LORA_RANK, qk_rope_head_dim: int = 64, index_topk: int | None = 2048,
                    heads: int | None = None, hip_arch: str | None = None) -> list[str]:
     """What vLLM's ``validate_configuration`` of the backend reports for a sparse MLA decoder layer, computed from
     the same declarations without vLLM (vLLM's wording for its own checks); empty when accepted. ``hip_arch``: the
-    gfx name on ROCm (see :func:`~triton_mla_sparse.capabilities.arch_for_target`)."""
+    gfx name on ROCm (see :func:`~triton_mla_sparse.capabilities.arch_for_target`).
+
+    ``capability``: a ``(major, minor)`` pair of ints, checked by :func:`check_capability` (``ValueError``
+    otherwise). It replaces the old ``major=`` keyword, which is gone: a call with ``major=`` fails with Python's
+    ``TypeError`` naming it (a major alone has no exact meaning now, see :func:`check_capability`)."""
+    capability = check_capability(capability)
     reasons = []
     if head_size not in SUPPORTED_HEAD_SIZES:
         reasons.append("head_size not supported")
@@ -126,7 +146,7 @@ def static_reasons(*, capability: tuple[int, int], head_size: int, dtype: str, k
         reasons.append("dtype not supported")
     if kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
         reasons.append("kv_cache_dtype not supported")
-    if not supports_capability(tuple(capability), hip_arch):
+    if not supports_capability(capability, hip_arch):
         reasons.append("compute capability not supported")
     model = model_reasons(kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim, index_topk=index_topk,
                           heads=heads)
@@ -142,10 +162,14 @@ def _name(backend: object) -> str:
 def policy_index(names: list[str], capability: tuple[int, int], mode: str = "default") -> int | None:
     """Where ``TRITON_MLA_SPARSE`` goes in vLLM's CUDA MLA priority list ``names`` on a GPU of compute capability
     ``capability``, or None when it is not added (mode ``off``, a capability the kernels do not support, or
-    already listed). ``default``: first on SM 8.x, right after :data:`SM120_PEER` on SM 12.x, last elsewhere."""
+    already listed). ``default``: first on SM 8.x, right after :data:`SM120_PEER` on SM 12.x, last elsewhere.
+
+    ``capability`` is a ``(major, minor)`` pair of ints (:func:`check_capability`); the old form, the major alone
+    (``policy_index(names, 9)``), raises ``ValueError``: which capabilities run is declared per (major, minor)."""
+    capability = check_capability(capability)
     if mode not in PRIORITY_MODES:
         raise ValueError(f"mode: expected one of {PRIORITY_MODES}, got {mode!r}")
-    if mode == "off" or not supports_capability(tuple(capability)) or BACKEND_NAME in names:
+    if mode == "off" or not supports_capability(capability) or BACKEND_NAME in names:
         return None
     major = capability[0]
     if mode == "first" or major == 8:
@@ -156,7 +180,9 @@ def policy_index(names: list[str], capability: tuple[int, int], mode: str = "def
 
 
 def place_backend(backends: list, capability: tuple[int, int], mode: str, ours: object) -> list:
-    """A copy of ``backends`` (enum members or names) with ``ours`` inserted where :func:`policy_index` says."""
+    """A copy of ``backends`` (enum members or names) with ``ours`` inserted where :func:`policy_index` says.
+    ``capability``: a ``(major, minor)`` pair of ints, as for :func:`policy_index` (a bare major raises
+    ``ValueError``)."""
     backends = list(backends)
     idx = policy_index([_name(b) for b in backends], capability, mode)
     if idx is not None:
@@ -167,10 +193,10 @@ def place_backend(backends: list, capability: tuple[int, int], mode: str, ours: 
 def policy_sentence(capability: tuple[int, int], mode: str) -> str:
     """One sentence on where :func:`policy_index` puts the backend on this capability in ``mode``."""
     name = BACKEND_NAME
-    major, minor = capability
+    major, minor = capability = check_capability(capability)
     if mode == "off":
         return f"{PRIORITY_ENV}=off: {name} only runs when selected with --attention-backend {name}"
-    reasons = capability_reasons(tuple(capability))
+    reasons = capability_reasons(capability)
     if reasons:
         return f"{name} does not run here: {reasons[0]}"
     if mode == "first" or major == 8:
