@@ -3,8 +3,8 @@
 
 ``TARGETS``: ``(label, spec, limit, goal)``. ``spec`` is a list of ``(numerator case selector, method, denominator
 case selector, method | BEST_PEER)`` -- a selector's fields must all equal the case record's -- or
-``"every case:<peer>"`` (each case that has the peer, ours / peer). PASS: ratio <= limit; goal: where the issue
-wants it. See benchmarks/README.md.
+``"every case:<peer>"`` (each case that has the peer, ours / peer). PASS: ratio <= limit; goal: the aim beyond
+the limit. See benchmarks/README.md.
 """
 
 from triton_mla_sparse.bench.report import BEST_PEER

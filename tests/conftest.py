@@ -25,7 +25,7 @@ def seed(request) -> int:
 
 def pytest_addoption(parser):
     parser.addoption("--long", action="store_true", default=False,
-                     help="property-based fuzz tests (tests/test_fuzz.py) draw many more examples, with a fresh "
+                     help="property-based fuzz tests (tests/ops/sparse_mla/test_fuzz.py) draw many more examples, with a fresh "
                           "random seed each run (same as TMS_FUZZ_LONG=1)")
 
 
@@ -37,5 +37,5 @@ def pytest_configure(config):
                                        "compute-sanitizer --tool memcheck (garbage indices, buffers ending their "
                                        "allocation)")
     if config.getoption("--long"):
-        # Read by tests/test_fuzz.py when it is imported (collection comes after pytest_configure).
+        # Read by tests/ops/sparse_mla/test_fuzz.py when it is imported (collection comes after pytest_configure).
         os.environ["TMS_FUZZ_LONG"] = "1"

@@ -1,11 +1,17 @@
 """The public API is typed: every public function and method of the package annotates its arguments and return
-value (Triton ``@jit`` functions aside: their arguments are tensors of the kernel language), and ``py.typed`` ships
-with the package."""
+value (Triton ``@jit`` functions aside: their arguments are tensors of the kernel language), and the wheel ships
+``py.typed`` with every module."""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
 
 import triton_mla_sparse
 
@@ -52,5 +58,20 @@ def test_the_checker_sees_a_missing_annotation(tmp_path):
     assert _unannotated(probe, tmp_path) == ["probe.py:1 public ['x', 'return']"]
 
 
-def test_py_typed_ships():
-    assert (PKG / "py.typed").is_file()
+def test_the_wheel_ships_every_module_and_py_typed(tmp_path):
+    """Build the wheel from a copy of the sources (no network: the installed setuptools) and require every module of
+    the source tree, and py.typed, in it."""
+    pytest.importorskip("setuptools")
+    root = PKG.parents[1]
+    work = tmp_path / "src-copy"
+    shutil.copytree(root / "src", work / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, work / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), str(work)], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("triton_mla_sparse-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    sources = {f"triton_mla_sparse/{p.relative_to(PKG).as_posix()}" for p in PKG.rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert sources - shipped == set()
+    assert "triton_mla_sparse/py.typed" in shipped

@@ -375,7 +375,7 @@ def targets_text(doc: dict, targets: list | None = None) -> str:
     """The target rows as a table with a PASS / FAIL / n/a summary (:func:`target_rows`)."""
     targets = load_targets() if targets is None else targets
     rows = target_rows(doc, targets)
-    lines = [f"targets (ours / peer, do_bench ms; PASS = ratio <= limit; goal: where the issue wants it; graph = the "
+    lines = [f"targets (ours / peer, do_bench ms; PASS = ratio <= limit; goal: the aim beyond the limit; graph = the "
              f"same with CUDA-graph times) -- {_doc_label(doc)}"]
     groups = _groups_in(doc)
     skipped = sorted({target_group(spec) for _, spec, _, _ in targets} - groups) if groups else []

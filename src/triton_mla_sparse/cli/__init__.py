@@ -24,7 +24,7 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The root parser with every command's subparser."""
-    from . import bench, check, demo, select
+    from . import bench, check, demo, info, select
 
     p = argparse.ArgumentParser(
         prog="triton-mla-sparse",
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (demo, check, bench, select):
+    for module in (demo, check, info, bench, select):
         module.register(sub)
     return p
 

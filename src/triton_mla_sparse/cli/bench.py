@@ -82,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "and new/old, then ours/peer ratios and the targets of the new results")
     b.add_argument("--against", metavar="NEW.json", help="with --compare: the newer results file (no run, no GPU)")
     b.add_argument("--targets", metavar="RESULTS.json",
-                   help="print ours/peer ratios and the issue's targets (PASS/FAIL) of a results file (no GPU)")
+                   help="print ours/peer ratios and the project's performance targets (PASS/FAIL) of a results file (no GPU)")
     b.add_argument("--targets-file", metavar="PATH",
                    help="the performance targets (default: $TMS_TARGETS_FILE, else benchmarks/targets.py under the "
                         "current directory, else the repository checkout's)")

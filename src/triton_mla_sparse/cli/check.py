@@ -1,4 +1,5 @@
-"""``triton-mla-sparse check`` (self-test on the current GPU) and ``triton-mla-sparse info`` (what applies here)."""
+"""``triton-mla-sparse check``: every format and both kernels against the reference on the current GPU (reduced
+sizes through the Triton interpreter without one)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import time
 
 import torch
 
-from ..capabilities import ARCHS, MAX_HEADS, MAX_TOPK, arch_for_device, describe_device, unsupported_reasons
-from ..formats import KV_FORMATS
+from ..capabilities import arch_for_device, describe_device
 from ._device import prepare_device
 
 # (heads, rows, topk, slots): a GLM-5 TP8 decode, a DeepSeek-V3.2 TP8 decode, a 64-head prefill, a 128-head step.
@@ -82,59 +82,9 @@ def run_check(seed: int = 0) -> int:
     return 1 if failures else 0
 
 
-def run_info(arch_name: str | None = None) -> int:
-    """Device, architecture family, the launch table entries that apply, and what is unsupported and why."""
-    from ..ops.sparse_mla.configs import CACHE_CLASSES, HEAD_CLASSES, TABLE
-
-    if arch_name is not None:
-        if arch_name not in ARCHS:
-            print(f"unknown architecture {arch_name!r}; declared: {', '.join(ARCHS)}")
-            return 2
-        arch, device_line = ARCHS[arch_name], f"architecture {arch_name} (as asked; no device probed)"
-    elif torch.cuda.is_available():
-        dev = torch.device("cuda")
-        arch = arch_for_device(dev)
-        device_line = f"{torch.cuda.get_device_name(dev)}, {describe_device(dev)}, " \
-                      f"{torch.cuda.get_device_properties(dev).multi_processor_count} multiprocessors"
-    else:
-        print("device: none (no CUDA/ROCm GPU visible to torch); kernels run only through Triton's interpreter "
-              "(TRITON_INTERPRET=1, float16). `triton-mla-sparse info --arch sm90` shows an architecture's table.")
-        print(f"declared architectures: {', '.join(f'{a.name} ({a.note})' for a in ARCHS.values())}")
-        return 0
-    print(f"device: {device_line}")
-    if arch is None:
-        print("architecture: not declared -> unsupported:")
-        for reason in unsupported_reasons(None, device_desc=device_line):
-            print(f"  - {reason}")
-        return 1
-    print(f"architecture family: {arch.name} ({arch.note}); backend {arch.backend}, warp size {arch.warp_size}, "
-          f"shared-memory budget {arch.shared_bytes // 1024} KB, fp8 conversions "
-          f"{'native' if arch.fp8_hw else 'by integer decode (no native e4m3 conversion)'}")
-    print(f"formats: {', '.join(KV_FORMATS)}; q float16/bfloat16; D_v 512, D_rope 64 or 0; heads 1..{MAX_HEADS}; "
-          f"top-k 1..{MAX_TOPK}; any block size")
-    print("launch table (head class x cache class -> block_h, block_n, warps, stages, programs/SM):")
-    for hc in HEAD_CLASSES:
-        cells = []
-        for cc in CACHE_CLASSES:
-            launch = TABLE[arch.name][(hc, cc)]
-            stages = f"s{launch.num_stages}" + (f"/prefill s{launch.prefill_stages}" if launch.prefill_stages else "")
-            cells.append(f"{cc}: bh{launch.block_h} bn{launch.block_n} w{launch.num_warps} {stages} "
-                         f"x{launch.programs_per_sm}")
-        print(f"  H<={hc if hc < 64 else MAX_HEADS:3d}  " + " | ".join(cells))
-    print("unsupported here (rejected up front with these reasons):")
-    for reason in unsupported_reasons(arch, heads=MAX_HEADS + 1, topk=MAX_TOPK + 1, d_rope=32, kv_format="int8",
-                                      q_dtype=torch.float32):
-        print(f"  - {reason}")
-    return 0
-
-
 def _run_check(args: argparse.Namespace) -> int:
     prepare_device()
     return run_check(seed=args.seed)
-
-
-def _run_info(args: argparse.Namespace) -> int:
-    return run_info(args.arch)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -145,7 +95,3 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "failure. Without a GPU it runs reduced sizes through the Triton interpreter.")
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(run=_run_check)
-    i = sub.add_parser("info", help="device, architecture family, launch configs that apply, and what is unsupported",
-                       description="What this library does on the current GPU (or on --arch without one).")
-    i.add_argument("--arch", help="show a declared architecture instead of the current device (e.g. sm86, gfx942)")
-    i.set_defaults(run=_run_info)
