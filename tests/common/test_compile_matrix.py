@@ -1,14 +1,14 @@
 """AOT compile matrix: every kernel × every configuration the launch table can pick × every declared target
-(attention: the table's entries and the split merge; indexer: logits for 64/32 heads with fp8 and bf16 operands,
-and the top-k selection).
+(attention: the table's entries and the split merge; indexer: logits for 64/32 heads with fp8 and bf16 operands;
+top-k: the split select's kernels).
 
 Compiled on the CPU with ``triton.compile(..., target=GPUTarget(...))`` and the specialisation a real launch gets
-(``triton_mla_sparse._common.aot``), in a subprocess per target because the rest of the suite runs Triton's
-interpreter. Each case asserts that it compiled, that its shared memory fits the architecture's budget and (NVIDIA,
-read from the cubin with the cuobjdump shipped in the triton wheel) that it has no stack frame or local memory,
-i.e. no register spills, and that its assembly holds no trap instruction (Triton compiles a kernel it cannot lay
-out on a target to a bare trap). Select with ``pytest -k compile_matrix``; ids name the target (``sm80`` … ``sm120``,
-``gfx942``, ``gfx950``).
+(each operator's ``aot`` module, gathered by ``python -m triton_mla_sparse.aot``), in a subprocess per target
+because the rest of the suite runs Triton's interpreter. Each case asserts that it compiled, that its shared
+memory fits the architecture's budget and (NVIDIA, read from the cubin with the cuobjdump shipped in the triton
+wheel) that it has no stack frame or local memory, i.e. no register spills, and that its assembly holds no trap
+instruction (Triton compiles a kernel it cannot lay out on a target to a bare trap). Select with
+``pytest -k compile_matrix``; ids name the target (``sm80`` … ``sm120``, ``gfx942``, ``gfx950``).
 """
 
 import json
@@ -19,9 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from triton_mla_sparse._common.aot import indexer_matrix_entries, matrix_entries
 from triton_mla_sparse.capabilities import ARCHS
+from triton_mla_sparse.ops.indexer import aot as indexer_aot
+from triton_mla_sparse.ops.sparse_mla.aot import matrix_entries
 from triton_mla_sparse.ops.sparse_mla.configs import CACHE_CLASSES, HEAD_CLASSES, TABLE
+from triton_mla_sparse.ops.topk import aot as topk_aot
 
 _results = {}
 
@@ -30,7 +32,7 @@ def _compile_all():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
     def one(arch):
-        proc = subprocess.run([sys.executable, "-m", "triton_mla_sparse._common.aot", arch], capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "triton_mla_sparse.aot", arch], capture_output=True,
                               text=True, env=env, timeout=1800)
         rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
         return arch, rows, proc.stderr[-2000:]
@@ -76,7 +78,7 @@ def test_compile_matrix_combine(arch_name):
 
 @pytest.mark.parametrize("arch_name,hi,qf,kf,kernel", [
     pytest.param(arch, *e, id=f"{arch}-{e[3]}" + (f"-h{e[0]}-q{e[1]}-k{e[2]}" if e[0] else ""))
-    for arch in ARCHS for e in indexer_matrix_entries()])
+    for arch in ARCHS for e in indexer_aot.matrix_entries() + topk_aot.matrix_entries()])
 def test_compile_matrix_indexer(arch_name, hi, qf, kf, kernel):
     _check(ARCHS[arch_name], _result(arch_name, (hi, qf, kf, kernel)))
 
@@ -91,12 +93,13 @@ def test_compile_matrix_sees_a_trap_build():
     memory than the target has; Triton builds it as a bare trap, which the matrix must count."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = ("from triton_mla_sparse.capabilities import ARCHS\n"
-            "from triton_mla_sparse._common import aot\n"
+            "from triton_mla_sparse._common.compile import report\n"
+            "from triton_mla_sparse.ops.sparse_mla.aot import compile_attention\n"
             "from triton_mla_sparse.ops.sparse_mla.configs import AttentionConfig\n"
             "arch = ARCHS['sm100']\n"
             "cfg = AttentionConfig(kernel='prefill', block_h=64, block_n=64, num_splits=1, split_len=2048,"
             " num_warps=8, num_stages=2)\n"
-            "r = aot.report(arch, aot.compile_attention(arch, cfg, kv_format='bf16', split=False))\n"
+            "r = report(arch, compile_attention(arch, cfg, kv_format='bf16', split=False))\n"
             "print('TRAPS', r.traps, r.registers, r.stack_bytes)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("TRAPS")]

@@ -2,10 +2,10 @@
 
 ``kernel[grid](*args)`` binds and specialises every argument in Python on each call before it looks the compiled
 kernel up; for the attention kernel's ~45 arguments that cost about 40 µs per launch on the H200 machine's host
-(``benchmarks/host_overhead.py``), more than the GPU time of a small decode step. :class:`CachedLauncher` keeps the
-``CompiledKernel`` that the first normal launch of each specialisation returns, under a key holding everything
-Triton specialises on for these arguments — the constexprs and launch options, each tensor's dtype and 16-byte
-alignment, each int's value class (== 1, divisible by 16, 32/64-bit) — and launches later calls through
+(``benchmarks/scripts/host_overhead.py``), more than the GPU time of a small decode step. :class:`CachedLauncher`
+keeps the ``CompiledKernel`` that the first normal launch of each specialisation returns, under a key holding
+everything Triton specialises on for these arguments — the constexprs and launch options, each tensor's dtype and
+16-byte alignment, each int's value class (== 1, divisible by 16, 32/64-bit) — and launches later calls through
 ``CompiledKernel[grid](*args)``. A new key always goes through Triton's own path, so the first call of a
 specialisation (and every call under the interpreter) behaves exactly as a plain launch.
 ``TRITON_MLA_SPARSE_FAST_LAUNCH=0`` turns the cache off.

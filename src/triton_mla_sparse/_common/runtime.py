@@ -27,17 +27,17 @@ def multiprocessor_count(device: torch.device) -> int:
     return 4
 
 
-def check_kernel_device(dev: torch.device) -> None:
+def check_kernel_device(dev: torch.device, arg: str = "q") -> None:
     """The Triton kernels run on CUDA/ROCm devices, or on CPU tensors through Triton's interpreter (which needs
-    TRITON_INTERPRET=1 set before triton is imported, and numpy)."""
+    TRITON_INTERPRET=1 set before triton is imported, and numpy); a failure names the argument ``arg``."""
     if dev.type != "cuda" and not (dev.type == "cpu" and interpreting()):
-        raise ValueError(f"q: expected CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 set before triton is "
-                         f"imported; triton_mla_sparse.reference runs anywhere), got a tensor on {dev}")
+        raise ValueError(f"{arg}: expected CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 set before triton "
+                         f"is imported; triton_mla_sparse.reference runs anywhere), got a tensor on {dev}")
     if dev.type == "cpu":
         try:
             import numpy  # noqa: F401  (Triton's interpreter imports it)
         except ImportError:
-            raise ValueError("q: CPU tensors run through Triton's interpreter, which needs numpy "
+            raise ValueError(f"{arg}: CPU tensors run through Triton's interpreter, which needs numpy "
                              "(pip install numpy, or triton-mla-sparse[cpu])") from None
 
 

@@ -18,6 +18,12 @@ def desc(x: object) -> str:
     return f"{type(x).__name__} {x!r}" if isinstance(x, (int, float, str)) else type(x).__name__
 
 
+def dtype_names(dtypes: tuple[torch.dtype, ...]) -> str:
+    """``"float16 or bfloat16"``, ``"float8_e4m3fn, float16 or bfloat16"``: dtypes as an error message lists them."""
+    names = [str(d).replace("torch.", "") for d in dtypes]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def fail(arg: str, expected: str, got: object) -> None:
     """Raise the ``ValueError`` naming ``arg``, what was ``expected`` and what it ``got`` (a string as is, anything
     else through :func:`desc`)."""
@@ -56,8 +62,10 @@ def check_int(arg: str, x: object, lo: int, hi: int = MAX_GRID) -> None:
         fail(arg, f"an int in [{lo}, {hi}]", f"{x!r}")
 
 
-def check_out(out: object, dtype: torch.dtype, shape: tuple[int, int], device: torch.device) -> None:
-    """An optional 2-D output ``out`` of ``dtype`` and ``shape`` on ``device`` (any strides); None passes."""
+def check_out(out: object, dtype: torch.dtype, shape: tuple[int, int], device: torch.device, *, of: str = "q"
+              ) -> None:
+    """An optional 2-D output ``out`` of ``dtype`` and ``shape`` on ``device`` (any strides; the device of the
+    argument ``of``); None passes."""
     if out is None:
         return
     dname = str(dtype).replace("torch.", "")
@@ -66,4 +74,4 @@ def check_out(out: object, dtype: torch.dtype, shape: tuple[int, int], device: t
     if tuple(out.shape) != tuple(shape):
         fail("out", f"shape [{shape[0]}, {shape[1]}]", out)
     if out.device != device:
-        fail("out", f"device {device} (the device of q)", out)
+        fail("out", f"device {device} (the device of {of})", out)

@@ -14,7 +14,7 @@ from helpers import DEVICE
 from topk_checks import assert_topk_matches
 
 from triton_mla_sparse.ops.topk import split_select as S
-from triton_mla_sparse.ops.topk.reference import torch_select
+from triton_mla_sparse.ops.topk import torch_select
 from triton_mla_sparse.ops.topk.split_select import launch_split_select
 
 

@@ -2,7 +2,7 @@
 :mod:`triton_mla_sparse.ops.topk`) and :func:`topk_to_slots` (its request-local positions as global cache slots).
 
 ``api`` (validation and dispatch), ``configs`` (launch parameters), ``kernels`` (the logits kernel; importing it
-imports triton), ``reference`` (plain torch, the contract) and ``slots``.
+imports triton), ``reference`` (plain torch, the contract), ``slots`` and ``aot`` (ahead-of-time builds).
 """
 
 from __future__ import annotations

@@ -15,15 +15,16 @@ from dataclasses import dataclass
 import torch
 
 from ..._common.runtime import check_kernel_device, device_guard
-from ..._common.validate import MAX_GRID, check_int, check_int32, check_out, check_paged_strides, fail
+from ..._common.validate import (MAX_GRID, check_int, check_int32, check_out, check_paged_strides, dtype_names,
+                                 fail)
 from ...formats import D_INDEX, INDEXER_ROW_BYTES
-from ..topk.reference import torch_select
-from .configs import SELECTS, IndexerConfig, choose_indexer_config
+from ..topk import check_select, launch_select, select_workspace
+from .configs import IndexerConfig, choose_indexer_config
 
 __all__ = ["IndexerProblem", "check_indexer_inputs", "check_indexer_topk_inputs", "indexer_logits", "indexer_topk"]
 
 MAX_INDEX_HEADS = 64  # DeepSeek-V3.2: 64, GLM-5: 32
-Q_DTYPES = (torch.float8_e4m3fn, torch.float16, torch.bfloat16)
+Q_DTYPES = (torch.float8_e4m3fn, torch.float16, torch.bfloat16)  # the indexer's own: its q may be fp8 too
 MAX_LEN = 2**31 - 2**16  # positions (and a chunk past the last) stay in int32 inside the kernels
 
 
@@ -106,7 +107,7 @@ def check_indexer_inputs(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.
     """Validate the common arguments of the indexer functions; each failure is one ``ValueError`` naming the
     argument and the expectation, raised before anything is launched or written."""
     if not isinstance(q, torch.Tensor) or q.dtype not in Q_DTYPES:
-        fail("q", f"a float8_e4m3fn, float16 or bfloat16 tensor [T, Hi, {D_INDEX}]", q)
+        fail("q", f"a {dtype_names(Q_DTYPES)} tensor [T, Hi, {D_INDEX}]", q)
     if q.dim() != 3 or q.shape[2] != D_INDEX:
         fail("q", f"shape [T, Hi, {D_INDEX}] (index head dim {D_INDEX})", q)
     T, Hi = q.shape[:2]
@@ -195,23 +196,16 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, 
     """
     p, max_len = check_indexer_topk_inputs(q, weights, k_cache, block_table, req_id_per_token, positions, topk,
                                            max_len, out)
-    if select is not None and select not in SELECTS:
-        fail("select", f"one of {SELECTS} or None", repr(select))
+    check_select(select)
     check_kernel_device(p.device)
     result = out if out is not None else torch.empty(p.T, topk, dtype=torch.int32, device=p.device)
     if p.T:
         cfg = choose_indexer_config(p, **({"select": select} if select else {}))
         logits = torch.empty(p.T, max_len, dtype=torch.float32, device=p.device)
-        from ..topk.split_select import WS_WIDTH, launch_split_select
-
-        # the split select's workspace is zeroed by the logits launch (one launch fewer than a memset)
-        ws = torch.empty(p.T, WS_WIDTH, dtype=torch.int32, device=p.device) if cfg.select == "split" and max_len \
-            else None
+        # the select's workspace is zeroed by the logits launch (one launch fewer than a memset)
+        ws = select_workspace(cfg, p.T, p.device) if max_len else None
         with device_guard(p.device):
             if max_len:
                 _launch_logits(p, logits, cfg, ws)
-            if cfg.select == "split":
-                launch_split_select(logits, result, topk, cfg, ws)
-            else:
-                torch_select(logits, result, topk)
+            launch_select(logits, result, topk, cfg, ws)
     return result

@@ -1,18 +1,20 @@
 """Launch parameters of the indexer's kernels: a pure function of the architecture and the problem's shape.
 
 Shared by the launch (:func:`choose_indexer_config`, memoised per device and shape class) and the ahead-of-time
-compile matrix (:func:`indexer_config_for`).
+compile matrix (:func:`indexer_config_for`). The top-k select's parameters are the top-k operator's
+(:class:`~triton_mla_sparse.ops.topk.SelectConfig`, which :class:`IndexerConfig` extends).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..._common.runtime import interpreting
+from ..topk import SELECTS, SelectConfig, select_config_for
 
 if TYPE_CHECKING:
     from ...capabilities import Arch
@@ -21,8 +23,10 @@ if TYPE_CHECKING:
 __all__ = ["SELECTS", "IndexerConfig", "choose_indexer_config", "indexer_config_for"]
 
 
-@dataclass(frozen=True)
-class IndexerConfig:
+@dataclass(frozen=True, kw_only=True)
+class IndexerConfig(SelectConfig):
+    """The logits kernel's launch parameters, and (inherited) the top-k select's that ``indexer_topk`` uses."""
+
     block_h: int  # heads padded to a power of two >= 16 (one dot per tile)
     block_k: int  # positions per tile (one dot)
     chunk_tiles: int  # tiles per logits program (q and weights loaded once per chunk)
@@ -32,17 +36,7 @@ class IndexerConfig:
     use_fp8_dot: bool  # fp8 q and fp8 cache on a GPU with fp8 tensor cores: dot on e4m3 operands
     dot_bf16: bool  # dot operand type when not fp8: bf16 (q bf16) or fp16
     sw_fp8: bool  # integer e4m3 decode (no fp8 conversion instructions)
-    select: str  # "split" (this package's multi-program select) or "torch" (torch.topk)
-    split_chunk: int = 8192  # positions per program of the split select
-    split_block: int = 1024  # positions per step of the split select (8 warps; H200, 64 rows x 128K: select 0.091
-    # ms at 1024 vs 0.103 at 2048, benchmarks/select_profile.py)
     maxnreg: int | None = None  # register cap per thread for the logits kernel (None: ptxas decides)
-    bound: bool = True  # split select: a bound pass first, so that the histogram counts only the candidates above it
-    bound_min_chunks: int = 8  # ... on rows of at least this many split chunks (shorter: one launch fewer, measured
-    # neutral on the GPU at 32K, where eager calls are bound by the host's launches)
-
-
-SELECTS = ("split", "torch")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -56,26 +50,22 @@ def indexer_config_for(arch: Arch | None, *, hi: int, q_fp8: bool, k_fp8: bool, 
     rows = max(1, 128 // block_h) if shared_rows else 1  # N = rows · heads of the dot: 128 (sm90, interpreter)
     if arch is None:  # interpreter: small tiles and chunks so tests cover several of each
         return IndexerConfig(block_h=block_h, block_k=32, chunk_tiles=2, rows_per_program=rows, num_warps=4,
-                             num_stages=1, use_fp8_dot=False, dot_bf16=dot_bf16, sw_fp8=False, select="split",
-                             split_chunk=256, split_block=64, bound_min_chunks=2)
+                             num_stages=1, use_fp8_dot=False, dot_bf16=dot_bf16, sw_fp8=False,
+                             **asdict(select_config_for(None)))
     fp8_dot = q_fp8 and k_fp8 and arch.fp8_hw and (arch.backend != "cuda" or int(arch.target) >= 89)
     if arch.name == "sm90":
         # one warpgroup (wgmma), 128-position tiles, 2 stages, 16 tiles per program: the fastest of the sweep on
-        # the H200 (benchmarks/indexer_sweep.py; NOTES.md) for decode and prefill, 32 and 64 heads
+        # the H200 (benchmarks/scripts/indexer_sweep.py; NOTES.md) for decode and prefill, 32 and 64 heads
         block_k, chunk_tiles, warps, stages = 128, 16, 4, 2
     else:
         # unmeasured: 64-position tiles, 8 warps, one row per program (the compile matrix: 128-position tiles
         # spill with row groups on sm80/sm100, 4 warps on sm120, row groups on sm80/sm89)
         block_k, chunk_tiles, warps, stages = 64, 32, 8, 3
         rows = 1
-    # Selection, measured on the H200 (benchmarks/NOTES.md): for decode rows (one per request) the split select beat
-    # torch.topk (64 rows x 32K: 0.059 vs 0.092-0.105 ms; x 128K with the bound pass and bins up to the row
-    # maximum: 0.091 vs 0.147, benchmarks/select_profile.py); for prefill rows torch.topk won (4096 x 32K: 1.68 vs
-    # 1.80 ms, before the bound pass). Unmeasured architectures keep torch.topk.
-    select = "split" if arch.name == "sm90" and rows == 1 else "torch"
     return IndexerConfig(block_h=block_h, block_k=block_k, chunk_tiles=chunk_tiles, rows_per_program=rows,
                          num_warps=warps, num_stages=stages, use_fp8_dot=fp8_dot, dot_bf16=dot_bf16,
-                         sw_fp8=(q_fp8 or k_fp8) and not arch.fp8_hw, select=select)
+                         sw_fp8=(q_fp8 or k_fp8) and not arch.fp8_hw,
+                         **asdict(select_config_for(arch, shared_rows=rows > 1)))
 
 
 _CONFIGS: dict = {}  # choose_indexer_config's memo (a few entries: device x heads x formats x row kind)

@@ -157,7 +157,7 @@ def launch_indexer_logits(p: IndexerProblem, out: torch.Tensor, cfg: IndexerConf
                           ws: torch.Tensor | None = None) -> None:
     """Logits of the validated problem ``p`` (an ``IndexerProblem``) into ``out`` float32 [T, max_len]; with ``ws``
     (an int32 [T, W] workspace, unit last stride) the kernel also zeroes ``ws`` (the split select's workspace: see
-    :func:`triton_mla_sparse.ops.topk.split_select.launch_split_select`)."""
+    :func:`triton_mla_sparse.ops.topk.select_workspace`)."""
     import torch
 
     T, max_len = p.T, out.shape[1]

@@ -1,7 +1,8 @@
 """Sparse MLA attention: :func:`sparse_mla_attention` over a paged cache and per-row slot lists.
 
 ``api`` (validation, capability check, configuration, dispatch), ``configs`` (the launch table), ``kernels`` (the
-Triton kernels; importing it imports triton) and ``reference`` (plain torch, the contract).
+Triton kernels; importing it imports triton), ``reference`` (plain torch, the contract) and ``aot`` (ahead-of-time
+builds).
 """
 
 from __future__ import annotations

@@ -14,19 +14,17 @@ from dataclasses import dataclass
 import torch
 
 from ..._common.runtime import check_kernel_device, device_guard
-from ..._common.validate import check_paged_strides, desc, fail
-# MAX_HEADS and MAX_TOPK: the declared limits, one source
-from ...capabilities import MAX_HEADS, MAX_TOPK, arch_for_device, describe_device, unsupported_reasons
-from ...formats import D_ROPE, D_V, KV_FORMAT_DTYPES, KV_FORMATS, infer_kv_format, kv_row_width
+from ..._common.validate import MAX_GRID, check_paged_strides, desc, dtype_names, fail
+from ...capabilities import (D_ROPES, MAX_HEADS, MAX_TOPK, Q_DTYPES, arch_for_device, describe_device,
+                             unsupported_reasons)
+from ...formats import D_QK, D_ROPE, D_V, KV_FORMAT_DTYPES, KV_FORMATS, infer_kv_format, kv_row_width
 from .configs import choose_config
 
 __all__ = ["AttentionProblem", "check_attention_inputs", "sparse_mla_attention", "sparse_mla_attention_with_config"]
 
-Q_DTYPES = (torch.float16, torch.bfloat16)
 Query = torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]  # q, or (q_nope, q_pe)
 
-# Limits, checked up front (each with its reason in the error message).
-MAX_ROWS = 2**31 - 1  # query rows go on axis 0 of the launch grid (CUDA's limit: 2^31 - 1 programs)
+MAX_ROWS = MAX_GRID  # query rows go on axis 0 of the launch grid
 
 
 @dataclass
@@ -69,7 +67,7 @@ def _check_q(q):
         if q_pe is not None and not isinstance(q_pe, torch.Tensor):
             fail("q[1] (q_pe)", f"a [T, H, {D_ROPE}] tensor or None", q_pe)
         if q_nope.dtype not in Q_DTYPES:
-            fail("q[0] (q_nope)", "dtype float16 or bfloat16", q_nope)
+            fail("q[0] (q_nope)", f"dtype {dtype_names(Q_DTYPES)}", q_nope)
         if q_nope.dim() != 3 or q_nope.shape[2] != D_V:
             fail("q[0] (q_nope)", f"shape [T, H, {D_V}]", q_nope)
         if q_nope.stride(2) != 1:
@@ -77,7 +75,7 @@ def _check_q(q):
         if q_pe is not None:
             if q_pe.dtype != q_nope.dtype:
                 fail("q[1] (q_pe)", f"the dtype of q_nope ({q_nope.dtype})", q_pe)
-            if q_pe.dim() != 3 or q_pe.shape[:2] != q_nope.shape[:2] or q_pe.shape[2] not in (0, D_ROPE):
+            if q_pe.dim() != 3 or q_pe.shape[:2] != q_nope.shape[:2] or q_pe.shape[2] not in D_ROPES:
                 fail("q[1] (q_pe)", f"shape [{q_nope.shape[0]}, {q_nope.shape[1]}, {D_ROPE}] (or last dim 0)", q_pe)
             if q_pe.shape[2] and q_pe.stride(2) != 1:
                 fail("q[1] (q_pe)", "a unit stride in the last dimension", f"strides {q_pe.stride()}")
@@ -87,11 +85,11 @@ def _check_q(q):
                 q_pe = None
         return q_nope, q_pe
     if not isinstance(q, torch.Tensor):
-        fail("q", "a tensor [T, H, 576] or a tuple (q_nope, q_pe)", q)
+        fail("q", f"a tensor [T, H, {D_QK}] or a tuple (q_nope, q_pe)", q)
     if q.dtype not in Q_DTYPES:
-        fail("q", "dtype float16 or bfloat16", q)
-    if q.dim() != 3 or q.shape[2] not in (D_V + D_ROPE, D_V):
-        fail("q", f"shape [T, H, {D_V + D_ROPE}] (or [T, H, {D_V}] for NoPE)", q)
+        fail("q", f"dtype {dtype_names(Q_DTYPES)}", q)
+    if q.dim() != 3 or q.shape[2] - D_V not in D_ROPES:
+        fail("q", f"shape [T, H, {D_QK}] (or [T, H, {D_V}] for NoPE)", q)
     if q.stride(2) != 1:
         fail("q", "a unit stride in the last dimension", f"strides {q.stride()}")
     return q[..., :D_V], (q[..., D_V:] if q.shape[2] > D_V else None)
@@ -180,7 +178,7 @@ def check_attention_inputs(q: Query, kv_cache: torch.Tensor, indices: torch.Tens
         fail("q", f"at most {MAX_ROWS} rows (each row is one program on axis 0 of the launch grid, whose limit is "
              f"2^31 - 1; split the batch)", q_nope)
     kv, kv_format, num_slots, block_size = _check_kv(kv_cache, kv_format, d_rope, device)
-    if kv_format == "fp8_ds_mla" and d_rope not in (0, D_ROPE):
+    if kv_format == "fp8_ds_mla" and d_rope not in D_ROPES:
         fail("q", f"D_rope {D_ROPE} or 0 for fp8_ds_mla", q_nope)
 
     if isinstance(indices, torch.Tensor) and indices.dim() == 3 and indices.shape[1] == 1:

@@ -7,13 +7,14 @@ of the candidates from the bound on — 2048 bins from the bound to the row maxi
 rows —, whose last program per row finds the threshold bin holding the k-th largest (-inf is not a candidate);
 positions above it go straight to the output, those in it to a boundary buffer from which the row's last program
 takes the rest by a radix select on the bits below the bin (256-bin histogram passes); the rest of the row is -1.
-No sorting, no host synchronisation, no data-dependent allocation (CUDA-graph safe). ``indexer_topk`` uses it for
-decode rows on sm90 (measured faster than ``torch.topk`` there) and ``torch.topk`` elsewhere (benchmarks/NOTES.md).
+No sorting, no host synchronisation, no data-dependent allocation (CUDA-graph safe). Where it runs instead of
+``torch.topk`` (decode rows on sm90, measured faster there) is :func:`~.configs.select_config_for`'s choice; the
+launch goes through :func:`~.api.launch_select`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
@@ -23,16 +24,9 @@ from ..._common.launch import CachedLauncher
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MAX_SPLIT_BLOCK", "WS_WIDTH", "SplitSelectConfig", "launch_split_select", "split_select_workspace"]
+    from .configs import SelectConfig
 
-
-class SplitSelectConfig(Protocol):
-    """What the split select reads of a configuration (the indexer's ``IndexerConfig`` has these fields)."""
-
-    split_chunk: int  # positions per program (a power of 2, a multiple of split_block)
-    split_block: int  # positions per step (a power of 2 up to MAX_SPLIT_BLOCK)
-    bound: bool  # a bound pass first ...
-    bound_min_chunks: int  # ... on rows of at least this many chunks
+__all__ = ["MAX_SPLIT_BLOCK", "SPLIT_WARPS", "WS_WIDTH", "launch_split_select", "split_select_workspace"]
 
 
 @triton.jit
@@ -68,6 +62,7 @@ _BOUND = tl.constexpr(10)  # 4 pairs (u, n) of the bound pass: group size 16 · 
 _KMAX = tl.constexpr(18)  # the bound pass's largest candidate key of the row (unsigned; 0: no bound pass/candidate)
 BOUND_GROUP = 16  # positions per group at the bound pass's finest level
 BOUND_GROUP_C = tl.constexpr(BOUND_GROUP)
+SPLIT_WARPS = 8  # warps per program of the three kernels (launch and ahead-of-time builds)
 
 
 @triton.jit
@@ -285,14 +280,15 @@ def _boundary_buffer(T: int, L: int, device: torch.device) -> torch.Tensor:
     return torch.empty(T, max(L, 1), dtype=torch.int32, device=device)
 
 
-def launch_split_select(logits: torch.Tensor, out: torch.Tensor, topk: int, cfg: SplitSelectConfig,
+def launch_split_select(logits: torch.Tensor, out: torch.Tensor, topk: int, cfg: SelectConfig,
                         ws: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Per-row top-k of ``logits`` float32 [T, L] into ``out`` int32 [T, topk] with many programs per row (the split
     select): a bound pass (``cfg.bound``, on rows of at least ``cfg.bound_min_chunks`` chunks), a histogram pass
     counting the candidates at or above the bound, then a pass that writes the rows' positions above the threshold
     bin and resolves the boundary bin. ``cfg.split_chunk`` / ``cfg.split_block``: positions per program / per step,
-    powers of two (block at most ``MAX_SPLIT_BLOCK``). Returns the workspace ``(ws, buf)`` (for inspection), or None
-    for no rows. ``ws``: a zeroed int32 [T, WS_WIDTH] workspace (e.g. zeroed by the logits launch); None: a new one.
+    powers of two (block at most ``MAX_SPLIT_BLOCK``); ``cfg.select`` is not read. Returns the workspace
+    ``(ws, buf)`` (for inspection), or None for no rows. ``ws``: a zeroed int32 [T, WS_WIDTH] workspace (e.g. zeroed
+    by the logits launch); None: a new one.
     """
     import torch
 
@@ -318,10 +314,11 @@ def launch_split_select(logits: torch.Tensor, out: torch.Tensor, topk: int, cfg:
     grid = (T * n_chunks,)
     if cfg.bound and n_chunks >= cfg.bound_min_chunks:
         _launch_bound(grid, (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks),
-                      dict(CHUNK=chunk, NB=NBINS, NREP=NREP), num_warps=8)
+                      dict(CHUNK=chunk, NB=NBINS, NREP=NREP), num_warps=SPLIT_WARPS)
     const = dict(CHUNK=chunk, BLOCK=block, NB=NBINS, NREP=NREP)
     _launch_hist(grid, (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks, topk), const,
-                 num_warps=8)
+                 num_warps=SPLIT_WARPS)
     _launch_split_select(grid, (logits, out, ws, buf, logits.stride(0), logits.stride(1), out.stride(0),
-                                out.stride(1), ws.stride(0), buf.stride(0), L, topk, n_chunks), const, num_warps=8)
+                                out.stride(1), ws.stride(0), buf.stride(0), L, topk, n_chunks), const,
+                         num_warps=SPLIT_WARPS)
     return ws, buf

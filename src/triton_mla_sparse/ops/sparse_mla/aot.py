@@ -1,0 +1,89 @@
+"""Ahead-of-time builds of the attention kernels for any target, on any machine (no GPU needed).
+
+The operator's part of the compile matrix (:mod:`triton_mla_sparse.aot`): every (head class, cache class, kv format,
+kernel) the launch table can pick (:func:`matrix_entries`), built with the configuration ``choose_config`` picks
+(:func:`table_config`), and the split-merge kernel. Importing this module imports triton.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..._common.compile import compile_kernel, matrix_row
+from . import kernels as K
+from .configs import TABLE, AttentionConfig, choose_config
+
+if TYPE_CHECKING:
+    from triton.compiler import CompiledKernel
+
+    from ...capabilities import Arch
+
+__all__ = ["MATRIX_FORMATS", "compile_attention", "compile_combine", "compile_rows", "matrix_entries",
+           "table_config"]
+
+_PTR_TYPES = {
+    "q_nope_ptr": "q", "q_pe_ptr": "q", "kv_ptr": "kv", "idx_ptr": "*i32", "topk_len_ptr": "*i32",
+    "sink_ptr": "*fp32", "k_scale_ptr": "*fp32", "out_ptr": "*fp32", "lse_ptr": "*fp32",
+}
+_INTS = ["stride_qn_t", "stride_qn_h", "stride_qp_t", "stride_qp_h", "stride_kv_blk", "stride_kv_row",
+         "stride_idx_t", "stride_idx_k", "stride_tl", "stride_sink", "stride_o_t", "stride_o_s", "stride_o_h",
+         "stride_l_t", "stride_l_s", "stride_l_h", "T", "H", "topk", "num_slots", "block_size", "num_splits",
+         "split_len"]
+# What a launch with real vLLM-shaped tensors specialises as divisible by 16 (pointers are 16-byte aligned).
+_DIV16 = {"stride_qn_t", "stride_qn_h", "stride_qp_t", "stride_qp_h", "stride_kv_blk", "stride_kv_row",
+          "stride_idx_t", "stride_o_t", "stride_o_s", "stride_o_h", "stride_l_t", "stride_l_s", "block_size"}
+
+MATRIX_FORMATS = {"16bit": ("bf16",), "fp8_e4m3": ("fp8_e4m3",), "fp8_ds_mla": ("fp8_ds_mla",)}
+
+
+def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split: bool, q_dtype: str = "bf16",
+                      has_rope: bool = True) -> CompiledKernel:
+    """Compile the attention kernel of ``cfg`` for ``arch`` (worst-case flags: topk_length and sink on)."""
+    fmt = K._FMT_CODES[kv_format]
+    kv_type = "*u8" if fmt != K.FMT_NATIVE else f"*{'fp16' if kv_format == 'fp16' else 'bf16'}"
+    sig = {n: (f"*{q_dtype}" if t == "q" else kv_type if t == "kv" else t) for n, t in _PTR_TYPES.items()}
+    sig.update({n: "i32" for n in _INTS})
+    sig.update(sm_scale_log2="fp32", k_scale="fp32")
+    const = dict(FMT=fmt, CONVERT=fmt == K.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,
+                 HAS_TOPK_LEN=True, HAS_SINK=True, K_SCALE_PTR=False, SPLIT=split, BLOCK_H=cfg.block_h,
+                 BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8)
+    return compile_kernel(K._sparse_mla_fwd_kernel, sig, const, list(_PTR_TYPES) + sorted(_DIV16), arch,
+                          cfg.num_warps, cfg.num_stages, ones=("stride_idx_k",))
+
+
+def compile_combine(arch: Arch, cfg: AttentionConfig, q_dtype: str = "bf16") -> CompiledKernel:
+    """Compile the split-merge kernel of ``cfg`` for ``arch``."""
+    sig = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "sink_ptr": "*fp32", "out_ptr": f"*{q_dtype}",
+           "lse_ptr": "*fp32"}
+    ints = ["stride_po_t", "stride_po_s", "stride_po_h", "stride_pl_t", "stride_pl_s", "stride_pl_h",
+            "stride_o_t", "stride_o_h", "stride_l_t", "stride_l_h", "stride_sink", "H", "num_splits"]
+    sig.update({n: "i32" for n in ints})
+    const = dict(HAS_SINK=True, BLOCK_H=cfg.combine_block_h)
+    return compile_kernel(K._combine_kernel, sig, const, list(sig)[:5], arch, cfg.combine_warps, 1)
+
+
+def matrix_entries(arch_name: str) -> list[tuple[int, str, str, str]]:
+    """Every (head class, cache class, kv format, kernel) the launch table can pick on ``arch_name``."""
+    return [(hc, cc, fmt, kernel) for (hc, cc) in TABLE[arch_name] for fmt in MATRIX_FORMATS[cc]
+            for kernel in ("decode", "prefill")]
+
+
+def table_config(arch: Arch, hc: int, cc: str, kernel: str) -> AttentionConfig:
+    """The config ``choose_config`` picks on ``arch`` for a head class and cache class (``hc`` heads; split sizes
+    are irrelevant to compilation)."""
+    return choose_config(1, hc, 2048, torch.device("cpu"), kernel, kv_format=MATRIX_FORMATS[cc][0], arch=arch)
+
+
+def compile_rows(arch: Arch) -> list[dict]:
+    """The operator's rows of the compile matrix on ``arch``: every table entry, then the combine kernel (key
+    ``(0, "", "", "combine")``)."""
+    rows = []
+    for hc, cc, fmt, kernel in matrix_entries(arch.name):
+        cfg = table_config(arch, hc, cc, kernel)
+        rows.append(matrix_row(arch, (hc, cc, fmt, kernel), cfg,
+                               lambda: compile_attention(arch, cfg, kv_format=fmt, split=kernel == "decode")))
+    cfg = table_config(arch, 16, "16bit", "decode")
+    rows.append(matrix_row(arch, (0, "", "", "combine"), cfg, lambda: compile_combine(arch, cfg)))
+    return rows

@@ -1,0 +1,74 @@
+"""Launch parameters of the top-k select: a pure function of the architecture and the kind of rows.
+
+:class:`SelectConfig` holds them (the indexer's ``IndexerConfig`` extends it, so ``indexer_topk`` passes its own
+configuration to the select); :func:`select_config_for` chooses them per architecture (shared by the launch and the
+ahead-of-time compile matrix), :func:`choose_select_config` per device (memoised). Importing this module touches
+neither CUDA nor triton.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..._common.runtime import interpreting
+
+if TYPE_CHECKING:
+    import torch
+
+    from ...capabilities import Arch
+
+__all__ = ["SELECTS", "SelectConfig", "choose_select_config", "select_config_for"]
+
+SELECTS = ("split", "torch")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelectConfig:
+    """The select's launch parameters: which select, and the split select's chunking and bound pass."""
+
+    select: str  # "split" (this package's multi-program select) or "torch" (torch.topk)
+    split_chunk: int = 8192  # positions per program of the split select
+    split_block: int = 1024  # positions per step of the split select (8 warps; H200, 64 rows x 128K: select 0.091
+    # ms at 1024 vs 0.103 at 2048, benchmarks/scripts/select_profile.py)
+    bound: bool = True  # split select: a bound pass first, so that the histogram counts only the candidates above it
+    bound_min_chunks: int = 8  # ... on rows of at least this many split chunks (shorter: one launch fewer, measured
+    # neutral on the GPU at 32K, where eager calls are bound by the host's launches)
+
+
+@functools.lru_cache(maxsize=64)
+def select_config_for(arch: Arch | None, *, shared_rows: bool = False) -> SelectConfig:
+    """The select's parameters on ``arch`` (a :class:`~triton_mla_sparse.capabilities.Arch`; None: Triton's
+    interpreter); ``shared_rows``: many rows of one request (prefill) rather than one row per request (decode)."""
+    if arch is None:  # interpreter: small chunks and steps so tests cover several of each, and the bound pass
+        return SelectConfig(select="split", split_chunk=256, split_block=64, bound_min_chunks=2)
+    # Measured on the H200 (benchmarks/NOTES.md): for decode rows (one per request) the split select beat
+    # torch.topk (64 rows x 32K: 0.059 vs 0.092-0.105 ms; x 128K with the bound pass and bins up to the row
+    # maximum: 0.091 vs 0.147, benchmarks/scripts/select_profile.py); for prefill rows torch.topk won (4096 x 32K:
+    # 1.68 vs 1.80 ms, before the bound pass). Unmeasured architectures keep torch.topk.
+    return SelectConfig(select="split" if arch.name == "sm90" and not shared_rows else "torch")
+
+
+_CONFIGS: dict = {}  # choose_select_config's memo (device x row kind x interpreter)
+
+
+def choose_select_config(device: torch.device, *, shared_rows: bool = False) -> SelectConfig:
+    """The select's parameters for logits on ``device`` (memoised: it runs on every eager call): the declared
+    architecture's (:func:`select_config_for`), the interpreter's for CPU tensors under ``TRITON_INTERPRET=1``, and
+    ``torch.topk`` elsewhere (CPU tensors without the interpreter, an undeclared GPU)."""
+    interpreter = interpreting()
+    key = (device, shared_rows, interpreter)
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        if interpreter:
+            cfg = select_config_for(None, shared_rows=shared_rows)
+        elif device.type == "cuda":
+            from ...capabilities import arch_for_device
+
+            arch = arch_for_device(device)
+            cfg = select_config_for(arch, shared_rows=shared_rows) if arch is not None else SelectConfig(select="torch")
+        else:
+            cfg = SelectConfig(select="torch")
+        _CONFIGS[key] = cfg
+    return cfg
