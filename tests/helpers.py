@@ -15,6 +15,8 @@ import torch
 
 from triton_mla_sparse import reference
 from triton_mla_sparse import testing
+from triton_mla_sparse.formats import D_V, infer_kv_format
+from triton_mla_sparse.formats import KV_FORMATS as FORMATS  # noqa: F401  (re-exported to the tests)
 from triton_mla_sparse.ops.sparse_mla import sparse_mla_attention_with_config
 from triton_mla_sparse.testing import LAYOUTS, kv_values, rel_err  # noqa: F401  (re-exported to the tests)
 from triton_mla_sparse.testing import encode_cache as encode
@@ -23,9 +25,6 @@ from triton_mla_sparse.testing import encode_cache as encode
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
-CACHE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn,
-                "fp8_ds_mla": torch.uint8}
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 # Tolerances of the kernel's float16 output against the float64 reference: (relative L2 error of out, absolute
@@ -73,8 +72,7 @@ class Problem:
 
     @property
     def kv_format_name(self) -> str:
-        fmts = {v: k for k, v in CACHE_DTYPES.items()}
-        return self.kv_format or fmts[self.kv_cache.dtype]
+        return self.kv_format or infer_kv_format(self.kv_cache)
 
     @property
     def T(self):
@@ -153,7 +151,8 @@ def assert_matches(out, lse, ref_out, ref_lse, *, tol: float = REL_TOL, lse_atol
 
 
 def nan_out(T: int, H: int, dtype=torch.float16) -> torch.Tensor:
-    return torch.full((T, H, 512), float("nan"), dtype=dtype, device=DEVICE)
+    """An all-NaN ``out`` buffer [T, H, 512] on the test device (:func:`triton_mla_sparse.testing.nan_filled`)."""
+    return testing.nan_filled((T, H, D_V), dtype, DEVICE)
 
 
 def stored_rows(kv_cache: torch.Tensor) -> torch.Tensor:

@@ -142,3 +142,17 @@ def test_quantize_indexer_q_per_row_and_head():
     assert q8.dtype == torch.float8_e4m3fn and scale.shape == (3, 2)
     assert testing.rel_err(q8.float() * scale[..., None], q) < 0.05
     assert torch.allclose(q8.float().abs().amax(-1), torch.full((3, 2), 448.0))
+
+
+def test_encode_cache_given_k_scale_and_empty_values():
+    values = torch.randn(4, 576)
+    stored, k_scale = testing.encode_cache(values, "fp8_e4m3", k_scale=0.01)
+    assert k_scale == 0.01
+    assert torch.equal(stored, (values / 0.01).clamp(-448, 448).to(torch.float8_e4m3fn))
+    with pytest.raises(ValueError, match="k_scale"):
+        testing.encode_cache(values, "bf16", k_scale=0.01)
+    for kv_format in formats.KV_FORMATS:
+        stored, k_scale = testing.encode_cache(torch.empty(0, 16, 576), kv_format)
+        assert stored.shape == (0, 16, formats.kv_row_width(kv_format))
+        assert stored.dtype == formats.KV_FORMAT_DTYPES[kv_format]
+        assert (k_scale == 1.0) if kv_format == "fp8_e4m3" else (k_scale is None)

@@ -27,7 +27,8 @@ D_ROPE = 64
 D_QK = D_V + D_ROPE
 FP8_DS_MLA_TILE = 128
 FP8_DS_MLA_TILES = D_V // FP8_DS_MLA_TILE
-FP8_DS_MLA_BYTES = D_V + 4 * FP8_DS_MLA_TILES + 2 * D_ROPE  # 656
+FP8_DS_MLA_ROPE_OFFSET = D_V + 4 * FP8_DS_MLA_TILES  # 528: the first byte of the bf16 rope part
+FP8_DS_MLA_BYTES = FP8_DS_MLA_ROPE_OFFSET + 2 * D_ROPE  # 656
 FP8_E4M3_MAX = 448.0
 D_INDEX = 128  # indexer key/query width
 INDEXER_ROW_BYTES = D_INDEX + 4  # e4m3 values + one float32 scale per token
@@ -82,8 +83,8 @@ def quantize_fp8_ds_mla(kv: torch.Tensor, *, scale_format: str = "pow2") -> torc
     q = (latent / scale[..., None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     packed = torch.empty(x.shape[0], FP8_DS_MLA_BYTES, dtype=torch.uint8, device=kv.device)
     packed[:, :D_V] = q.reshape(-1, D_V).view(torch.uint8)
-    packed[:, D_V : D_V + 16] = scale.contiguous().view(torch.uint8)
-    packed[:, D_V + 16 :] = x[:, D_V:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    packed[:, D_V:FP8_DS_MLA_ROPE_OFFSET] = scale.contiguous().view(torch.uint8)
+    packed[:, FP8_DS_MLA_ROPE_OFFSET:] = x[:, D_V:].to(torch.bfloat16).contiguous().view(torch.uint8)
     return packed.reshape(*lead, FP8_DS_MLA_BYTES)
 
 
@@ -94,8 +95,8 @@ def unpack_fp8_ds_mla(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     rows = packed.reshape(-1, FP8_DS_MLA_BYTES)
     lead = packed.shape[:-1]
     latent = rows[:, :D_V].contiguous().view(torch.float8_e4m3fn).reshape(*lead, D_V)
-    scales = rows[:, D_V : D_V + 16].contiguous().view(torch.float32).reshape(*lead, FP8_DS_MLA_TILES)
-    rope = rows[:, D_V + 16 :].contiguous().view(torch.bfloat16).reshape(*lead, D_ROPE)
+    scales = rows[:, D_V:FP8_DS_MLA_ROPE_OFFSET].contiguous().view(torch.float32).reshape(*lead, FP8_DS_MLA_TILES)
+    rope = rows[:, FP8_DS_MLA_ROPE_OFFSET:].contiguous().view(torch.bfloat16).reshape(*lead, D_ROPE)
     return latent, scales, rope
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .formats import D_INDEX, D_QK, FP8_E4M3_MAX, quantize_fp8_ds_mla, quantize_indexer_cache
+from .formats import (D_INDEX, D_QK, D_ROPE, D_V, FP8_DS_MLA_ROPE_OFFSET, FP8_DS_MLA_TILE, FP8_E4M3_MAX,
+                      INDEXER_ROW_BYTES, KV_FORMATS, quantize_fp8_ds_mla, quantize_indexer_cache)
 
 __all__ = [
     "DSV32_SOFTMAX_SCALE",
@@ -124,33 +125,39 @@ def kv_values(n: int, d_qk: int = D_QK, *, generator: torch.Generator | None = N
     per-row gain, so per-tile fp8 scales differ within a row."""
     x = torch.randn(n, d_qk, generator=generator)
     for c, g in enumerate(TILE_GAIN):
-        x[:, 128 * c:128 * (c + 1)] *= g
+        x[:, FP8_DS_MLA_TILE * c:FP8_DS_MLA_TILE * (c + 1)] *= g
     x *= torch.empty(n, 1).uniform_(-0.5, 0.5, generator=generator).exp()
     return x
 
 
-def encode_cache(values: torch.Tensor, kv_format: str, *,
-                 scale_format: str = "pow2") -> tuple[torch.Tensor, float | None]:
+def encode_cache(values: torch.Tensor, kv_format: str, *, scale_format: str = "pow2",
+                 k_scale: float | None = None) -> tuple[torch.Tensor, float | None]:
     """Store real ``values [..., d_qk]`` (d_qk 576, or 512 for NoPE) in ``kv_format``: returns ``(stored, k_scale)``,
-    ``k_scale`` the per-tensor scale of ``fp8_e4m3`` (not a power of two) and None for the other formats.
+    ``k_scale`` the per-tensor scale of ``fp8_e4m3`` and None for the other formats.
 
-    ``fp8_ds_mla`` with 512-wide values stores NaN bytes as the 64 rope values: a NoPE kernel must never read them.
+    ``fp8_e4m3`` stores ``values / k_scale`` clamped to ±448; ``k_scale`` defaults to ``amax / 400`` (not a power of
+    two; 1.0 for empty values), or is the given one (only ``fp8_e4m3`` takes one). ``fp8_ds_mla`` with 512-wide
+    values stores NaN bytes as the 64 rope values: a NoPE kernel must never read them. Empty values give an empty
+    cache of the format's row width.
     """
+    if k_scale is not None and kv_format != "fp8_e4m3":
+        raise ValueError(f"k_scale: only the 'fp8_e4m3' format has a per-tensor scale, got kv_format {kv_format!r}")
     if kv_format == "bf16":
         return values.to(torch.bfloat16), None
     if kv_format == "fp16":
         return values.to(torch.float16), None
     if kv_format == "fp8_e4m3":
-        k_scale = float(values.abs().max()) / 400.0 + 1e-6
+        if k_scale is None:
+            k_scale = float(values.abs().max()) / 400.0 + 1e-6 if values.numel() else 1.0
         return (values.float() / k_scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn), k_scale
     if kv_format == "fp8_ds_mla":
-        if values.shape[-1] == D_QK - 64:
-            full = torch.cat([values, values.new_zeros(*values.shape[:-1], 64)], dim=-1)
+        if values.shape[-1] == D_V:
+            full = torch.cat([values, values.new_zeros(*values.shape[:-1], D_ROPE)], dim=-1)
             packed = quantize_fp8_ds_mla(full, scale_format=scale_format)
-            packed[..., 528:] = 0xFF
+            packed[..., FP8_DS_MLA_ROPE_OFFSET:] = 0xFF
             return packed, None
         return quantize_fp8_ds_mla(values, scale_format=scale_format), None
-    raise ValueError(f"kv_format: expected 'bf16', 'fp16', 'fp8_e4m3' or 'fp8_ds_mla', got {kv_format!r}")
+    raise ValueError(f"kv_format: expected one of {KV_FORMATS}, got {kv_format!r}")
 
 
 def quantize_indexer_q(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,7 +253,7 @@ def indexer_inputs(phase: str, *, rows: int, heads: int, ctx: int, requests: int
     device = torch.device(device)
     block_table = _seeded_block_table(requests, ctx, block_size, device, seed)
     nb = requests * (ctx // block_size)
-    k_cache = torch.empty(nb, block_size * (D_INDEX + 4), dtype=torch.uint8, device=device)
+    k_cache = torch.empty(nb, block_size * INDEXER_ROW_BYTES, dtype=torch.uint8, device=device)
     step = max(1, (1 << 25) // (block_size * D_INDEX))  # in pieces: a float32 copy of a 1 GB cache is 4 GB
     for b0 in range(0, nb, step):
         b1 = min(nb, b0 + step)

@@ -28,6 +28,7 @@ from ._env import DEV, GPU_TIER, INT32_MAX, INT32_MIN, ON_CPU, QD, gpu_only  # f
 from triton_mla_sparse import reference, sparse_mla_attention
 from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
 from triton_mla_sparse.ops.sparse_mla.configs import AttentionConfig
+from triton_mla_sparse.formats import FP8_E4M3_MAX, KV_FORMAT_DTYPES, KV_FORMATS, kv_row_width
 from triton_mla_sparse.testing import encode_cache, take_rows
 
 pytestmark = GPU_TIER
@@ -35,9 +36,6 @@ pytestmark = GPU_TIER
 OUT_TOL = 5e-3 if ON_CPU else 1e-2  # relative L2 error of out against the float64 reference (bf16 rounding)
 LSE_TOL = 1e-2  # |lse - ref| <= LSE_TOL + 1e-5 · |ref| (as test_gpu.py, plus a relative term for huge logits)
 SCALE = 192 ** -0.5
-FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
-ROW = {"bf16": 576, "fp16": 576, "fp8_e4m3": 576, "fp8_ds_mla": 656}
-DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_ds_mla": torch.uint8}
 # Boolean switches of the launch configuration (whatever this version of the kernels has).
 SWITCHES = sorted(n for n, f in AttentionConfig.__dataclass_fields__.items() if f.type in ("bool", bool))
 
@@ -237,7 +235,7 @@ def test_cache_over_2_31_bytes_read_at_its_far_end(fmt):
     bs = 64
     nb = (1 << 22) // bs + 1024
     S = nb * bs
-    row, dtype = ROW[fmt], DTYPE[fmt]
+    row, dtype = kv_row_width(fmt), KV_FORMAT_DTYPES[fmt]
     cache = buffer_at_end((nb, bs, row), dtype)  # 0xFF bytes: NaN
     assert S > 3_700_000 and cache.numel() * cache.element_size() > 2 ** 31
     T, H, K = 16, 16, 256
@@ -363,7 +361,7 @@ def test_degenerate_caches_stay_in_bounds():
 
 # ------------------------------------------------------------------------------------------ no leaks
 
-NAN_CASES = [(f, 576) for f in FORMATS] + [("fp8_ds_mla", 512), ("bf16", 512)]
+NAN_CASES = [(f, 576) for f in KV_FORMATS] + [("fp8_ds_mla", 512), ("bf16", 512)]
 
 
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
@@ -468,9 +466,9 @@ def test_numerics_edges(edge, kernel):
         ks_override = 1e-30 if "-30" in edge else 1e30
     if fmt == "fp8_e4m3":  # stored values span e4m3's range; the real values are stored · 1e±30
         amax = float(values.abs().amax())
-        cache = (values / amax * 448).to(torch.float8_e4m3fn).reshape(NB, BS, 576)
+        cache, enc_scale = encode_cache(values.reshape(NB, BS, 576), fmt, k_scale=amax / FP8_E4M3_MAX)
         ks = ks_override
-        scale = SCALE * amax / 448 / ks  # scores as with the unscaled values
+        scale = SCALE * enc_scale / ks  # scores as with the unscaled values
     else:
         cache, ks = encode_cache(values.reshape(NB, BS, 576), fmt, scale_format=scale_format)
     q = qv.to(QD)

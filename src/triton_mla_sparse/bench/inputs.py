@@ -8,12 +8,12 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..formats import D_QK, D_V, FP8_DS_MLA_BYTES, INDEXER_ROW_BYTES
+from ..formats import D_V, INDEXER_ROW_BYTES, KV_FORMAT_DTYPES, KV_FORMATS, kv_row_width
 from .. import testing
 from ..testing import indexer_inputs, sparse_mla_inputs
 from .cases import Case
 
-ROW_BYTES = {"bf16": 2 * D_QK, "fp16": 2 * D_QK, "fp8_e4m3": D_QK, "fp8_ds_mla": FP8_DS_MLA_BYTES}
+ROW_BYTES = {f: kv_row_width(f) * KV_FORMAT_DTYPES[f].itemsize for f in KV_FORMATS}  # bytes per cache row
 
 
 class _Inputs:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..formats import D_INDEX, D_V, INDEXER_ROW_BYTES, dequantize_fp8_ds_mla
+from ..formats import D_INDEX, D_V, dequantize_fp8_ds_mla, unpack_indexer_cache
 from .cases import Case
 from .inputs import CaseInputs, IndexerInputs, indexer_args
 from .util import short_exc
@@ -199,8 +199,8 @@ def _build_torch_indexer(inp: IndexerInputs) -> Prepared:
     row) or be one row per request in order (decode)."""
     c = inp.case
     T, Hi = inp.q.shape[:2]
-    bs, L, topk = c.block_size, inp.max_len, c.topk
-    R, bpr = inp.block_table.shape
+    L, topk = inp.max_len, c.topk
+    R = inp.block_table.shape[0]
     req = inp.req_id_per_token.tolist()
     if R == 1 and all(r == 0 for r in req):
         shared = True
@@ -208,9 +208,8 @@ def _build_torch_indexer(inp: IndexerInputs) -> Prepared:
         shared = False
     else:
         raise Unsupported("the torch indexer handles one request shared by all rows, or one row per request")
-    nb = inp.k_cache.shape[0]
-    vals_u8 = inp.k_cache[:, :bs * D_INDEX].reshape(nb, bs, D_INDEX)  # views of the cache bytes
-    scale_u8 = inp.k_cache[:, bs * D_INDEX:bs * INDEXER_ROW_BYTES]
+    vals, scales = unpack_indexer_cache(inp.k_cache)  # e4m3 [nb, bs, 128], float32 [nb, bs]: once, outside the call
+    vals_u8 = vals.view(torch.uint8)  # gathered as bytes
     bt = inp.block_table.long()
     invalid = invalid_columns(inp)
     chunk = max(1, (1 << 30) // (Hi * L * 2))
@@ -218,7 +217,7 @@ def _build_torch_indexer(inp: IndexerInputs) -> Prepared:
 
     def logits():
         kv = vals_u8[bt].reshape(R, L, D_INDEX).view(torch.float8_e4m3fn).to(torch.bfloat16)
-        ks = scale_u8[bt].reshape(R, bpr, bs * 4).view(torch.float32).reshape(R, L).to(torch.bfloat16)
+        ks = scales[bt].reshape(R, L).to(torch.bfloat16)
         qb, wb = q.to(torch.bfloat16), w.to(torch.bfloat16)
         out = torch.empty(T, L, dtype=torch.float32, device=q.device)
         for t0 in range(0, T, chunk):

@@ -116,15 +116,9 @@ class Case:
 
 
 def _encode(values: torch.Tensor, case: Case):
-    """(stored rows, k_scale) of real values [nb, bs, d] in the case's format."""
-    if case.fmt == "fp8_e4m3" and (values.numel() == 0 or case.k_scale is not None):
-        ks = case.k_scale if case.k_scale is not None else 1.0
-        return (values / ks).clamp(-448, 448).to(torch.float8_e4m3fn), ks
-    if values.numel() == 0:
-        row = 656 if case.fmt == "fp8_ds_mla" else values.shape[-1]
-        dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_ds_mla": torch.uint8}[case.fmt]
-        return torch.zeros(*values.shape[:-1], row, dtype=dt), None
-    return encode(values, case.fmt, scale_format=case.scale_format)
+    """(stored rows, k_scale) of real values [nb, bs, d] (possibly empty) in the case's format, with the case's
+    fp8_e4m3 k_scale when it has one."""
+    return encode(values, case.fmt, scale_format=case.scale_format, k_scale=case.k_scale)
 
 
 def _place(stored: torch.Tensor, layout: str) -> torch.Tensor:

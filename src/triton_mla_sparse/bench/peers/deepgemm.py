@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ...formats import D_INDEX, INDEXER_ROW_BYTES
+from ...formats import D_INDEX, INDEXER_ROW_BYTES, unpack_indexer_cache
 from ..inputs import IndexerInputs
 from ..methods import Prepared, Unsupported, invalid_columns, topk_positions
 from ..timing import warm_up
@@ -42,9 +42,8 @@ def deepgemm_logits_call(dg: Any, inp: IndexerInputs) -> tuple[Callable[[], torc
         return call, "fp8_fp4_paged_mqa_logits"
     if not bool((inp.req_id_per_token == 0).all()):
         raise Unsupported("DeepGEMM prefill here: every row of request 0")
-    blocks = inp.k_cache[inp.block_table[0].long()]  # [blocks, bs * 132], the request's blocks in order
-    k_fp8 = blocks[:, :bs * D_INDEX].contiguous().view(torch.float8_e4m3fn).view(-1, D_INDEX)
-    k_sf = blocks[:, bs * D_INDEX:].contiguous().view(torch.float32).view(-1)
+    vals, scales = unpack_indexer_cache(inp.k_cache[inp.block_table[0].long()])  # the request's blocks in order
+    k_fp8, k_sf = vals.view(-1, D_INDEX), scales.view(-1)  # e4m3 [N, 128], float32 [N]
     ks = torch.zeros(T, dtype=torch.int32, device=inp.device)
     ke = (inp.positions + 1).to(torch.int32).contiguous()
     q = inp.q.contiguous()
