@@ -6,18 +6,7 @@ Imports vLLM (as that module does). vLLM's registry names the class by its new p
 
 from __future__ import annotations
 
-from .vllm.backend import (
-    KV_CACHE_FORMATS,
-    TritonMLASparseBackend,
-    TritonMLASparseImpl,
-    TritonMLASparseMetadata,
-    TritonMLASparseMetadataBuilder,
-)
+from .vllm import backend as _backend
+from .vllm.backend import *  # noqa: F403  (the old path's names are the new module's)
 
-__all__ = [
-    "TritonMLASparseBackend",
-    "TritonMLASparseMetadata",
-    "TritonMLASparseMetadataBuilder",
-    "TritonMLASparseImpl",
-    "KV_CACHE_FORMATS",
-]
+__all__ = list(_backend.__all__)

@@ -7,34 +7,8 @@ functions read.
 
 from __future__ import annotations
 
-from .vllm.indexer import (
-    CALL_SITES,
-    INDEXER_ENV,
-    INDEXER_MODES,
-    OP_NAME,
-    TritonSparseAttnIndexer,
-    decide,
-    deep_gemm_usable,
-    indexer_mode,
-    install,
-    route_vllm_call_sites,
-    sparse_attn_indexer,
-    unsupported_reasons,
-    use_triton_indexer,
-)
+from .vllm import indexer as _indexer
+from .vllm.indexer import *  # noqa: F403  (the old path's names are the new module's)
+from .vllm.indexer import CALL_SITES, OP_NAME
 
-__all__ = [
-    "INDEXER_ENV",
-    "INDEXER_MODES",
-    "indexer_mode",
-    "decide",
-    "deep_gemm_usable",
-    "use_triton_indexer",
-    "unsupported_reasons",
-    "TritonSparseAttnIndexer",
-    "sparse_attn_indexer",
-    "install",
-    "route_vllm_call_sites",
-    "OP_NAME",
-    "CALL_SITES",
-]
+__all__ = [*_indexer.__all__, "CALL_SITES", "OP_NAME"]
