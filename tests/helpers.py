@@ -143,6 +143,9 @@ def assert_matches(out, lse, ref_out, ref_lse, *, tol: float = REL_TOL, lse_atol
     rows exactly 0, relative L2 error of out <= tol, |lse - ref| <= lse_atol where finite."""
     out, lse, ref_out, ref_lse = (x.cpu() for x in (out, lse, ref_out, ref_lse))
     assert lse.dtype == torch.float32, (what, lse.dtype)
+    # The contract's outputs: out always finite, lse finite or -inf (so matching positions means none elsewhere).
+    assert torch.isfinite(ref_out).all(), f"{what}: the reference's out is not finite"
+    assert not (torch.isnan(ref_lse) | torch.isposinf(ref_lse)).any(), f"{what}: the reference's lse is NaN or +inf"
     testing.assert_close(lse, ref_lse, atol=lse_atol, what=f"{what} lse")
     empty = torch.isneginf(ref_lse)
     if empty.any():

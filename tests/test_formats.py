@@ -217,3 +217,18 @@ def test_indexer_cache_pow2_scales():
     assert ((back - values).norm() / values.norm()).item() < 0.05
     with pytest.raises(ValueError, match="scale_format"):
         quantize_indexer_cache(values, scale_format="ue8m0")
+
+
+def test_unpack_indexer_cache_rejects_layouts_it_would_misread():
+    from triton_mla_sparse.formats import dequantize_indexer_cache, quantize_indexer_cache
+
+    cache = quantize_indexer_cache(torch.randn(3, 4, 128))
+    buf = torch.full((3, 2 * 528), 0xFF, dtype=torch.uint8)
+    buf[:, :528] = cache
+    # A wider block stride is fine, in both forms; rows padded inside a block, or overlapping blocks, are not.
+    assert torch.equal(dequantize_indexer_cache(torch.as_strided(buf, (3, 4, 1, 132), (1056, 132, 132, 1))),
+                       dequantize_indexer_cache(cache))
+    for bad in (torch.as_strided(buf, (3, 4, 1, 132), (1056, 264, 132, 1)), torch.as_strided(buf, (3, 528), (10, 1)),
+                torch.as_strided(buf, (3, 4, 1, 132), (10, 132, 132, 1))):
+        with pytest.raises(ValueError, match="cache"):
+            dequantize_indexer_cache(bad)

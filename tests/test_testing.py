@@ -19,6 +19,9 @@ def test_rel_err_semantics():
     assert testing.rel_err(torch.ones(2), torch.zeros(2)) == math.inf
     assert testing.rel_err(torch.tensor([3.0, math.nan]), ref) == math.inf
     assert testing.rel_err(torch.tensor([3.0, math.inf]), ref) == math.inf
+    assert testing.rel_err(ref, torch.tensor([3.0, math.nan])) == math.inf
+    with pytest.raises(ValueError, match="shape"):
+        testing.rel_err(torch.ones(2, 1), torch.ones(2, 5))
 
 
 @pytest.mark.parametrize("special", [math.nan, math.inf, -math.inf])
@@ -42,7 +45,9 @@ def test_assert_close_tolerances_apply_to_the_finite_part():
     with pytest.raises(AssertionError, match="max abs error"):
         testing.assert_close(actual, expected, atol=0.5)
     with pytest.raises(AssertionError, match="shape"):
-        testing.assert_close(actual[:2], expected)
+        testing.assert_close(actual[:2], expected, tol=1.0)
+    with pytest.raises(ValueError, match="tol, atol"):
+        testing.assert_close(actual, expected)
 
 
 def test_nan_filled_every_element_and_byte():
@@ -96,6 +101,8 @@ def test_random_topk_positions_distinct_and_causal():
         assert pos[t].max() <= row_pos[t]
     with pytest.raises(ValueError, match="topk"):
         testing.random_topk_positions(1, 4, 5, "cpu")
+    with pytest.raises(ValueError, match="row_positions"):
+        testing.random_topk_positions(2, 64, 5, "cpu", row_positions=torch.tensor([10, 3]))
 
 
 def test_random_block_table_scatters_distinct_blocks():

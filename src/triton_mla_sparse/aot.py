@@ -29,10 +29,15 @@ def compile_matrix(arch_name: str) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m triton_mla_sparse.aot ARCH``: the compile matrix of one target as JSON lines."""
+    import argparse
     import json
-    import sys
 
-    for row in compile_matrix((sys.argv[1:] if argv is None else argv)[0]):
+    from .capabilities import ARCHS
+
+    p = argparse.ArgumentParser(prog="python -m triton_mla_sparse.aot",
+                                description="Compile every kernel and launch configuration for one declared GPU.")
+    p.add_argument("arch", choices=sorted(ARCHS), help="a declared architecture")
+    for row in compile_matrix(p.parse_args(argv).arch):
         print(json.dumps(row), flush=True)
 
 

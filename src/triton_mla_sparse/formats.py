@@ -139,8 +139,9 @@ def quantize_indexer_cache(values: torch.Tensor, *, scale_format: str = "fp32") 
 
 def unpack_indexer_cache(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Split vLLM's fp8 indexer cache (uint8 ``[num_blocks, block_size · 132]``, or its ``[num_blocks,
-    block_size, 1, 132]`` view) into (e4m3 values ``[num_blocks, block_size, 128]``, float32 scales ``[num_blocks,
-    block_size]``). Any block stride."""
+    block_size, 1, 132]`` view of the same bytes) into (e4m3 values ``[num_blocks, block_size, 128]``, float32
+    scales ``[num_blocks, block_size]``). Blocks may lie any distance apart that does not overlap them; each block's
+    ``block_size · 132`` bytes are contiguous."""
     if not isinstance(cache, torch.Tensor) or cache.dtype != torch.uint8 or cache.dim() not in (2, 4):
         raise ValueError(f"cache: expected uint8 [num_blocks, block_size * {INDEXER_ROW_BYTES}] or [num_blocks, "
                          f"block_size, 1, {INDEXER_ROW_BYTES}], got {_describe(cache)}")
@@ -149,13 +150,19 @@ def unpack_indexer_cache(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
             raise ValueError(f"cache: expected a [num_blocks, block_size, 1, {INDEXER_ROW_BYTES}] view, got shape "
                              f"{tuple(cache.shape)}")
         nb, bs = cache.shape[0], cache.shape[1]
-        blocks = torch.as_strided(cache, (nb, bs * INDEXER_ROW_BYTES), (cache.stride(0), 1))
+        if (bs > 1 and cache.stride(1) != INDEXER_ROW_BYTES) or cache.stride(3) != 1:
+            raise ValueError(f"cache: expected each block's {bs} x {INDEXER_ROW_BYTES} bytes contiguous (strides "
+                             f"(block, {INDEXER_ROW_BYTES}, any, 1)), got stride {tuple(cache.stride())}")
+        blocks = torch.as_strided(cache, (nb, bs * INDEXER_ROW_BYTES), (cache.stride(0), 1), cache.storage_offset())
     else:
         nb, width = cache.shape
-        if width % INDEXER_ROW_BYTES or cache.stride(1) != 1:
-            raise ValueError(f"cache: expected a unit-stride last dimension that is a multiple of "
+        if width == 0 or width % INDEXER_ROW_BYTES or cache.stride(1) != 1:
+            raise ValueError(f"cache: expected a unit-stride last dimension that is a positive multiple of "
                              f"{INDEXER_ROW_BYTES}, got shape {tuple(cache.shape)} stride {tuple(cache.stride())}")
         bs, blocks = width // INDEXER_ROW_BYTES, cache
+    if nb > 1 and blocks.stride(0) < bs * INDEXER_ROW_BYTES:
+        raise ValueError(f"cache: expected a block stride of at least {bs * INDEXER_ROW_BYTES} bytes (blocks must not "
+                         f"overlap), got {blocks.stride(0)}")
     vals = blocks[:, :bs * D_INDEX].contiguous().view(torch.float8_e4m3fn).reshape(nb, bs, D_INDEX)
     scales = blocks[:, bs * D_INDEX:].contiguous().view(torch.float32).reshape(nb, bs)
     return vals, scales

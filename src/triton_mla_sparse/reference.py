@@ -2,7 +2,9 @@
 
 Every kernel in the package is tested against these functions. They run on any device, in float32 by default
 (``compute_dtype=torch.float64`` when asked), and favour clarity over speed. Each operator holds its own
-(``triton_mla_sparse.ops.<op>.reference``); this module gathers them under their public names.
+(``triton_mla_sparse.ops.<op>.reference``); this module gathers the public ones, attention's and the indexer's (the
+top-k select's contract is ``indexer_topk``'s selection step, ``torch.topk`` with -1 padding:
+``triton_mla_sparse.ops.topk.torch_select``).
 """
 
 from __future__ import annotations

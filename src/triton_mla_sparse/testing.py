@@ -107,6 +107,9 @@ def random_topk_positions(rows: int, ctx: int, topk: int, device: torch.device |
     least ``topk`` tokens)."""
     if topk > ctx:
         raise ValueError(f"topk: expected at most ctx = {ctx}, got {topk}")
+    if row_positions is not None and rows and int(row_positions[:rows].min()) + 1 < topk:
+        raise ValueError(f"row_positions: every row must see at least topk = {topk} tokens, got a row at position "
+                         f"{int(row_positions[:rows].min())}")
     out = torch.empty(rows, topk, dtype=torch.int32, device=device)
     cols = torch.arange(ctx, device=device)
     for r0 in range(0, rows, chunk):
@@ -291,10 +294,12 @@ def take_rows(x: torch.Tensor | tuple | None, rows: torch.Tensor | None) -> torc
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """``‖x − ref‖ / ‖ref‖`` in float64: inf when x holds a non-finite value, 0 when both are 0, inf when only ref
-    is 0."""
+    """``‖x − ref‖ / ‖ref‖`` in float64 over tensors of one shape: inf when either holds a non-finite value (compare
+    finite parts with :func:`assert_close`), 0 when both are 0, inf when only ref is 0."""
+    if x.shape != ref.shape:
+        raise ValueError(f"x: expected the shape of ref {tuple(ref.shape)}, got {tuple(x.shape)}")
     x, ref = x.double(), ref.double()
-    if not torch.isfinite(x).all():
+    if not (torch.isfinite(x).all() and torch.isfinite(ref).all()):
         return math.inf
     num, den = (x - ref).norm().item(), ref.norm().item()
     if den == 0:
@@ -310,7 +315,9 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, *, tol: float | N
                  atol: float | None = None, what: str = "") -> float:
     """``actual`` against ``expected``: same shape; NaN, +inf and -inf at exactly the same positions; then over the
     finite positions the relative L2 error (:func:`rel_err`) at most ``tol`` and the largest absolute difference at
-    most ``atol`` (each checked when given). Returns the relative error of the finite part."""
+    most ``atol`` (at least one of the two must be given). Returns the relative error of the finite part."""
+    if tol is None and atol is None:
+        raise ValueError("tol, atol: expected at least one tolerance, got neither")
     a, e = actual.detach().cpu(), expected.detach().cpu()
     assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} != expected {tuple(e.shape)}"
     if a.is_floating_point() or e.is_floating_point():

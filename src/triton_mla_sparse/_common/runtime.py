@@ -27,12 +27,14 @@ def multiprocessor_count(device: torch.device) -> int:
     return 4
 
 
-def check_kernel_device(dev: torch.device, arg: str = "q") -> None:
+def check_kernel_device(dev: torch.device, arg: str = "q",
+                        anywhere: str = "triton_mla_sparse.reference runs anywhere") -> None:
     """The Triton kernels run on CUDA/ROCm devices, or on CPU tensors through Triton's interpreter (which needs
-    TRITON_INTERPRET=1 set before triton is imported, and numpy); a failure names the argument ``arg``."""
+    TRITON_INTERPRET=1 set before triton is imported, and numpy); a failure names the argument ``arg`` and what runs
+    on any device (``anywhere``)."""
     if dev.type != "cuda" and not (dev.type == "cpu" and interpreting()):
         raise ValueError(f"{arg}: expected CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 set before triton "
-                         f"is imported; triton_mla_sparse.reference runs anywhere), got a tensor on {dev}")
+                         f"is imported; {anywhere}), got a tensor on {dev}")
     if dev.type == "cpu":
         try:
             import numpy  # noqa: F401  (Triton's interpreter imports it)

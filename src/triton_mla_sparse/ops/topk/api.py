@@ -67,7 +67,8 @@ def topk_select(logits: torch.Tensor, topk: int, *, out: torch.Tensor | None = N
     then -1. ``out=`` (int32 ``[T, topk]``, any strides) receives the result when given. ``select``: ``"split"``
     (the Triton split select: CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``), ``"torch"``
     (``torch.topk``, any device) or None (the device's choice, :func:`~.configs.choose_select_config`). No host
-    synchronisation; every allocation follows from the shapes (CUDA-graph capturable).
+    synchronisation; every allocation follows from the shapes (CUDA-graph capturable); the split select's workspace
+    holds an int32 ``[T, L]`` boundary buffer, so for many long rows ``"torch"`` needs less memory.
     """
     if not isinstance(logits, torch.Tensor) or logits.dtype != torch.float32 or logits.dim() != 2:
         fail("logits", "a float32 tensor [T, L]", logits)
@@ -84,7 +85,7 @@ def topk_select(logits: torch.Tensor, topk: int, *, out: torch.Tensor | None = N
     check_int("topk", topk, 1, limit)
     check_out(out, torch.int32, (T, topk), device, of="logits")
     if cfg.select == "split":
-        check_kernel_device(device, "logits")
+        check_kernel_device(device, "logits", 'select="torch" runs anywhere')
         if T * max(1, -(-L // cfg.split_chunk)) > MAX_GRID:
             fail("logits", f"rows · ceil(L / {cfg.split_chunk}) <= {MAX_GRID} programs (split the rows)", logits)
     result = out if out is not None else torch.empty(T, topk, dtype=torch.int32, device=device)
