@@ -163,3 +163,12 @@ def test_encode_cache_given_k_scale_and_empty_values():
         assert stored.shape == (0, 16, formats.kv_row_width(kv_format))
         assert stored.dtype == formats.KV_FORMAT_DTYPES[kv_format]
         assert (k_scale == 1.0) if kv_format == "fp8_e4m3" else (k_scale is None)
+
+
+@pytest.mark.parametrize("kv_format, row_bytes", [("bf16", 1152), ("fp16", 1152), ("fp8_e4m3", 576),
+                                                   ("fp8_ds_mla", 656)])
+def test_unique_bytes_counts_rows_q_and_out_once(kv_format, row_bytes):
+    inp = testing.sparse_mla_inputs("decode", rows=3, heads=2, ctx=64, topk=8, requests=3, block_size=16,
+                                    kv_format=kv_format, q_dtype=torch.float16)
+    assert inp.unique_rows == 24  # distinct positions of three requests' own blocks
+    assert inp.unique_bytes == 24 * row_bytes + 3 * 2 * 576 * 2 + 3 * 2 * 512 * 2

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from .formats import (D_INDEX, D_QK, D_ROPE, D_V, FP8_DS_MLA_ROPE_OFFSET, FP8_DS_MLA_TILE, FP8_E4M3_MAX,
-                      INDEXER_ROW_BYTES, KV_FORMATS, quantize_fp8_ds_mla, quantize_indexer_cache)
+                      INDEXER_ROW_BYTES, KV_FORMAT_DTYPES, KV_FORMATS, kv_row_width, quantize_fp8_ds_mla,
+                      quantize_indexer_cache)
 
 __all__ = [
+    "OUTPUT_TOLERANCE",
     "DSV32_SOFTMAX_SCALE",
     "GLM5_SOFTMAX_SCALE",
     "LAYOUTS",
@@ -39,9 +41,12 @@ __all__ = [
     "random_topk_positions",
     "rel_err",
     "sparse_mla_inputs",
+    "sparse_mla_unique_bytes",
     "take_rows",
 ]
 
+# Relative L2 error an attention output in q's dtype may have against the float32 reference (check, demo).
+OUTPUT_TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
 GLM5_SOFTMAX_SCALE = 256 ** -0.5  # GLM-5: softmax scale of its 256-wide qk heads before absorption
 DSV32_SOFTMAX_SCALE = 192 ** -0.5  # DeepSeek-V3.2: 192-wide qk heads
 TILE_GAIN = (1.0, 0.25, 2.0, 0.5)  # magnitude of each 128-wide latent tile: a wrong fp8_ds_mla tile scale shows
@@ -188,6 +193,18 @@ class SparseMLAInputs:
     def unique_rows(self) -> int:
         """Distinct cache rows referenced by all slot lists together."""
         return int(torch.unique(self.indices[self.indices >= 0]).numel())
+
+    @property
+    def unique_bytes(self) -> int:
+        """:func:`sparse_mla_unique_bytes` of this problem."""
+        return sparse_mla_unique_bytes(self.kv_format, self.unique_rows, self.q)
+
+
+def sparse_mla_unique_bytes(kv_format: str, unique_rows: int, q: torch.Tensor) -> int:
+    """Bytes a perfect sparse-MLA kernel moves: each referenced cache row once, q ``[T, H, d]`` read once and the
+    ``[T, H, 512]`` output (q's dtype) written once: the numerator of a GB/s figure."""
+    row_bytes = kv_row_width(kv_format) * KV_FORMAT_DTYPES[kv_format].itemsize
+    return unique_rows * row_bytes + q.numel() * q.element_size() + q.shape[0] * q.shape[1] * D_V * q.element_size()
 
 
 def _seeded_block_table(requests: int, ctx: int, block_size: int, device: torch.device | str,

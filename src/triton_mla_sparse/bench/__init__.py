@@ -18,7 +18,7 @@ from typing import Any
 _MODULES = {
     "cases": ("Case", "GLM5_SCALE", "DSV32_SCALE", "INDEXER_KV_FORMAT", "KINDS", "decode_case", "prefill_case",
               "indexer_case", "case_group", "graph_timed", "parse_kinds", "bench_cases", "smoke_cases"),
-    "inputs": ("CaseInputs", "IndexerInputs", "ROW_BYTES", "build_inputs", "build_indexer_inputs", "indexer_args"),
+    "inputs": ("CaseInputs", "IndexerInputs", "build_inputs", "build_indexer_inputs", "indexer_args"),
     "methods": ("Prepared", "Unsupported", "PeerUnavailable", "METHODS", "METHOD_KEYS", "PEER_KEYS", "EXTERNAL_PEERS",
                 "DEEPGEMM_KEYS", "INDEXER_METHOD_KEYS", "INDEXER_ONLY", "register_method", "method_applies",
                 "method_factories", "topk_positions", "invalid_columns"),

@@ -8,12 +8,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..formats import D_V, INDEXER_ROW_BYTES, KV_FORMAT_DTYPES, KV_FORMATS, kv_row_width
+from ..formats import INDEXER_ROW_BYTES
 from .. import testing
-from ..testing import indexer_inputs, sparse_mla_inputs
+from ..testing import indexer_inputs, sparse_mla_inputs, sparse_mla_unique_bytes
 from .cases import Case
-
-ROW_BYTES = {f: kv_row_width(f) * KV_FORMAT_DTYPES[f].itemsize for f in KV_FORMATS}  # bytes per cache row
 
 
 class _Inputs:
@@ -45,10 +43,8 @@ class CaseInputs(_Inputs):
 
     @property
     def unique_bytes(self) -> int:
-        """Bytes a perfect kernel moves: each referenced cache row once, q read once, out written once."""
-        c = self.case
-        return (self.unique_rows * ROW_BYTES[c.kv_format] + self.q.numel() * self.q.element_size()
-                + c.rows * c.heads * D_V * self.q.element_size())
+        """Bytes a perfect kernel moves (:func:`triton_mla_sparse.testing.sparse_mla_unique_bytes`)."""
+        return sparse_mla_unique_bytes(self.case.kv_format, self.unique_rows, self.q)
 
 
 @dataclass

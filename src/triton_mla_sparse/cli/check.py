@@ -36,7 +36,7 @@ def run_check(seed: int = 0) -> int:
     """Every supported format × both kernels against the float32 reference at a few sizes; 0 if all pass."""
     from .. import reference
     from ..ops.sparse_mla import sparse_mla_attention_with_config
-    from ..testing import nan_filled, rel_err
+    from ..testing import OUTPUT_TOLERANCE, nan_filled, rel_err
 
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda") if on_gpu else torch.device("cpu")
@@ -45,7 +45,7 @@ def run_check(seed: int = 0) -> int:
         if on_gpu else "CPU (Triton interpreter, float16, reduced sizes)"
     print(f"triton-mla-sparse check on {where}", flush=True)
     q_dtype = torch.bfloat16 if on_gpu else torch.float16
-    tol = 1e-2 if q_dtype == torch.bfloat16 else 3e-3
+    tol = OUTPUT_TOLERANCE[q_dtype]
     gen = torch.Generator(device=device).manual_seed(seed)
     sizes = GPU_SIZES if on_gpu else CPU_SIZES
     header = f"{'format':16s} {'kernel':8s} {'heads':>5s} {'rows':>5s} {'topk':>5s}  {'config':44s} {'rel err':>8s} " \
