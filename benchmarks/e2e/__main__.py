@@ -1,0 +1,107 @@
+"""``python -m e2e {correctness,serving,soak,merge,tables}`` (run from ``benchmarks/``; GPU + vLLM for the first
+three)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import triton
+    import vllm
+
+    return {"vllm": vllm.__version__, "torch": torch.__version__, "triton": triton.__version__}
+
+
+def _gpu() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m e2e", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("correctness", help="the correctness matrix (section file DIR/correctness.json)")
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--parallel", type=int, default=8)
+    c.add_argument("--timeout", type=float, default=540)
+    c.add_argument("--variants", default="dsv32-h128,dsv32-h16,glm5-h8")
+    c.add_argument("--modes", default="eager,graphs")
+    c.add_argument("--only", default="", help="regex: run only the specs whose name matches")
+    s = sub.add_parser("serving", help="serving figures, one engine at a time (DIR/serving.json)")
+    s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--variants", default="dsv32-h16,dsv32-h128")
+    s.add_argument("--timeout", type=float, default=400)
+    s.add_argument("--only", default="")
+    k = sub.add_parser("soak", help="vllm serve under concurrent load (DIR/soak.json)")
+    k.add_argument("--out", type=Path, required=True)
+    k.add_argument("--duration", type=float, default=300)
+    k.add_argument("--concurrency", type=int, default=64)
+    m = sub.add_parser("merge", help="merge section files into a results file (no GPU)")
+    m.add_argument("sections", nargs="+", type=Path)
+    m.add_argument("--out", type=Path, required=True)
+    m.add_argument("--commit", required=True)
+    m.add_argument("--date", default=None)
+    t = sub.add_parser("tables", help="print the markdown tables of a results file (no GPU)")
+    t.add_argument("results", type=Path)
+    a = p.parse_args(argv)
+
+    if a.cmd in ("merge", "tables"):
+        from .results import correctness_table, merge, new_document, serving_table
+
+        if a.cmd == "merge":
+            first = json.loads(a.sections[0].read_text())
+            env = first.get("environment", {})
+            doc = new_document(commit=a.commit, gpu=env.get("gpu", "?"), versions=env.get("versions", {}),
+                               date=a.date)
+            doc = merge(doc, a.sections)
+            a.out.write_text(json.dumps(doc, indent=1) + "\n")
+            print(f"wrote {a.out}")
+        else:
+            doc = json.loads(a.results.read_text())
+            print(correctness_table(doc), "\n")
+            print(serving_table(doc))
+        return 0
+
+    import re
+
+    from .matrix import correctness_specs, run_pool, serving_specs
+    from .results import correctness_rows, serving_rows
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    env = {"gpu": _gpu(), "versions": _versions()}
+    if a.cmd == "correctness":
+        specs, pairs = correctness_specs(str(a.out / "models"), variants=tuple(a.variants.split(",")),
+                                         modes=tuple(a.modes.split(",")))
+        if a.only:
+            specs = [sp for sp in specs if re.search(a.only, sp["name"])]
+        specs.sort(key=lambda sp: ("h128" not in sp["name"], sp["mode"] != "graphs"))  # longest first
+        results = run_pool(specs, a.out / "runs", parallel=a.parallel, timeout_s=a.timeout)
+        names = set(results)
+        pairs = [pr for pr in pairs if pr["ours"] in names and pr["peer"] in names]
+        section = {"environment": env, "correctness": correctness_rows(pairs, results)}
+        path = a.out / "correctness.json"
+    elif a.cmd == "serving":
+        specs = serving_specs(str(a.out / "models"), variants=tuple(a.variants.split(",")))
+        if a.only:
+            specs = [sp for sp in specs if re.search(a.only, sp["name"])]
+        results = run_pool(specs, a.out / "runs", parallel=1, timeout_s=a.timeout)
+        section = {"environment": env, "serving": serving_rows(results)}
+        path = a.out / "serving.json"
+    else:
+        from .soak import run_soak
+
+        section = {"environment": env, "soak": run_soak(a.out, duration_s=a.duration, concurrency=a.concurrency)}
+        path = a.out / "soak.json"
+    path.write_text(json.dumps(section, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

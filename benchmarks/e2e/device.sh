@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The end-to-end runs on the offline GPU machine, from the repository root (the device tool's working copy).
+#   bash benchmarks/e2e/device.sh stage N      copy the carried payload chunk .vllm-payload/cN to /tmp/vllm-stage
+#   bash benchmarks/e2e/device.sh start        unpack vLLM, install this package, then in the background (setsid):
+#                                              the fp8 check, the correctness matrix beside the soak, then the
+#                                              serving runs alone; results under /tmp/e2e
+#   bash benchmarks/e2e/device.sh wait [SEC]   wait up to SEC (default 540) for the runs, then copy a tarball of
+#                                              /tmp/e2e (without model folders) and the section files to $OUT
+# Payload: ../shared/tools/vllm-offline/build-payload.sh .vllm-payload (git-ignored); carry one chunk per call.
+set -u
+E2E=/tmp/e2e
+cmd=${1:?stage|start|wait}
+case "$cmd" in
+stage)
+    mkdir -p /tmp/vllm-stage && cp .vllm-payload/c"$2"/* /tmp/vllm-stage/ -r && ls /tmp/vllm-stage ;;
+start)
+    if [ ! -f /tmp/vllm-site/env.sh ]; then
+        bash /tmp/vllm-stage/unpack.sh /tmp/vllm-stage >/tmp/unpack.log 2>&1 || { tail -20 /tmp/unpack.log; exit 1; }
+        tail -2 /tmp/unpack.log
+    fi
+    . /tmp/vllm-site/env.sh
+    python3 -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -3
+    python3 -c "import triton_mla_sparse, vllm; print('ok', vllm.__version__)" || exit 1
+    rm -rf "$E2E"; mkdir -p "$E2E"
+    # A smoke run first (one eager engine): a broken harness shows here, before the background runs start.
+    (cd benchmarks && PYTHONUNBUFFERED=1 timeout 300 python3 -m e2e correctness --out "$E2E"/smoke --variants glm5-h8 \
+        --modes eager --only 'bfloat16-ours$' --parallel 1 --timeout 280) 2>&1 | tail -5
+    python3 - "$E2E"/smoke/runs/glm5-h8-eager-bfloat16-ours.json <<'PY' || exit 1
+import json, sys
+r = json.load(open(sys.argv[1]))
+print({k: r.get(k) for k in ("ok", "error", "start_s", "generate_s", "calls", "indexer_shadow", "weights")})
+print(r.get("traceback", "")[-2500:])
+print([(p["length"], p["tokens"][:8]) for p in r.get("prompts", [])])
+sys.exit(0 if r["ok"] else 1)
+PY
+    [ "${SMOKE_ONLY:-0}" = "1" ] && exit 0
+    REPO=$PWD setsid nohup bash -c '
+        . /tmp/vllm-site/env.sh; cd "$REPO/benchmarks"; export PYTHONUNBUFFERED=1
+        nvidia-smi > '"$E2E"'/nvidia-smi.txt 2>&1
+        if [ -f e2e/fp8_sw_check.py ]; then
+            (timeout 300 python3 e2e/fp8_sw_check.py --out '"$E2E"'/fp8_sw_check.json > '"$E2E"'/fp8_sw_check.log 2>&1) &
+        fi
+        (timeout 900 python3 -m e2e soak --out '"$E2E"'/soak > '"$E2E"'/soak.log 2>&1) &
+        timeout 1200 python3 -m e2e correctness --out '"$E2E"'/correctness ${E2E_ONLY:+--only "$E2E_ONLY"} \
+            > '"$E2E"'/correctness.log 2>&1
+        wait
+        touch '"$E2E"'/CORRECTNESS_DONE
+        timeout 1200 python3 -m e2e serving --out '"$E2E"'/serving > '"$E2E"'/serving.log 2>&1
+        touch '"$E2E"'/DONE' > /tmp/e2e-orchestrator.log 2>&1 < /dev/null &
+    echo "started" ;;
+wait)
+    limit=${2:-540}; t0=$(date +%s)
+    while [ ! -f "$E2E/DONE" ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do
+        sleep 10
+        oks=$(grep '^\[pool\]' "$E2E"/correctness.log 2>/dev/null | grep -c ': ok (' || true)
+        bad=$(grep '^\[pool\]' "$E2E"/correctness.log 2>/dev/null | grep -vc ': ok (' || true)
+        if [ "${oks:-0}" = "0" ] && [ "${bad:-0}" -ge 4 ]; then echo "harness looks broken: $bad failures, no success"; break; fi
+    done
+    [ -f "$E2E/DONE" ] && echo "all done" || echo "still running after ${limit} s"
+    tail -n 3 "$E2E"/*.log 2>/dev/null | tail -n 60
+    ls "$E2E"/correctness/runs 2>/dev/null | grep -c '\.json$' | sed 's/^/result files: /'
+    tar -C /tmp --exclude='e2e/*/models' --exclude='*.spec.json' -czf "${OUT:-/tmp}"/e2e.tar.gz e2e
+    for f in correctness/correctness.json serving/serving.json soak/soak.json fp8_sw_check.json; do
+        [ -f "$E2E/$f" ] && cp "$E2E/$f" "${OUT:-/tmp}/"
+    done
+    ls -la "${OUT:-/tmp}" ;;
+*) echo "unknown command $cmd" >&2; exit 2 ;;
+esac

@@ -1,0 +1,138 @@
+"""The engine runs of the correctness matrix and of the serving figures, and the parallel worker pool."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .models import VARIANTS
+from .prompts import CORRECTNESS_LENGTHS
+from .schema import validate_spec
+
+BENCH_DIR = Path(__file__).resolve().parent.parent  # benchmarks/: the worker runs as ``python -m e2e.worker``
+
+OURS = "TRITON_MLA_SPARSE"
+#: Peer of ours per cache dtype: vLLM 0.33's own sparse backend on SM90 for that cache.
+PEERS = {"bfloat16": "FLASH_ATTN_MLA_SPARSE", "fp8_ds_mla": "FLASHMLA_SPARSE"}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+def base_spec(name: str, *, variant: str, backend: str, kv: str, mode: str, model_root: str,
+              task: str = "generate", env: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+    """A worker spec with the settings every engine shares (the serving runs too, so that they reuse the
+    correctness runs' torch.compile cache)."""
+    spec: dict[str, Any] = {
+        "name": name, "task": task, "variant": variant, "backend": backend, "kv_cache_dtype": kv, "mode": mode,
+        "model_root": model_root, "max_model_len": 33024, "max_num_seqs": 32, "max_num_batched_tokens": 16384,
+        "gpu_memory_utilization": 0.05, "kv_cache_memory_bytes": 4 << 30, "capture_sizes": [1, 2, 4, 8, 16, 32],
+        "seed": 0, "weights_seed": 0, "weights_std": 0.02, "env": dict(env or {}),
+        "prompts": list(CORRECTNESS_LENGTHS), "prompt_seed": 1000, "max_tokens": 64, "logprobs": 20,
+    }
+    spec.update(extra)
+    return validate_spec(spec)
+
+
+def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARIANTS),
+                      modes: tuple[str, ...] = ("eager", "graphs")) -> tuple[list[dict], list[dict]]:
+    """The runs and the pairs to compare: per variant and mode, each cache dtype's peer, ours with vLLM's indexer
+    (DeepGEMM on SM90; eager runs also shadow it with ours) and ours with ours forced; on dsv32-h16 with CUDA
+    graphs also the n-gram speculator (ours, the peer, and ours without it on the same repetitive prompts) and the
+    software e4m3 path of SM80/86 forced (``TRITON_MLA_SPARSE_SOFT_FP8=always``)."""
+    specs, pairs = [], []
+    for variant in variants:
+        for mode in modes:
+            for kv, peer in PEERS.items():
+                tag = f"{variant}-{mode}-{kv}"
+                specs.append(base_spec(f"{tag}-peer", variant=variant, backend=peer, kv=kv, mode=mode,
+                                       model_root=model_root))
+                specs.append(base_spec(f"{tag}-ours", variant=variant, backend=OURS, kv=kv, mode=mode,
+                                       model_root=model_root, count_calls=True, shadow_indexer=mode == "eager"))
+                specs.append(base_spec(f"{tag}-ours-ti", variant=variant, backend=OURS, kv=kv, mode=mode,
+                                       model_root=model_root, count_calls=True,
+                                       env={"TRITON_MLA_SPARSE_INDEXER": "always"}))
+                for ours, indexer in ((f"{tag}-ours", "vllm"), (f"{tag}-ours-ti", "ours")):
+                    pairs.append({"kind": "vs_peer", "variant": variant, "mode": mode, "kv_cache_dtype": kv,
+                                  "indexer": indexer, "ours": ours, "peer": f"{tag}-peer"})
+    if "dsv32-h16" in variants and "graphs" in modes:
+        v, m = "dsv32-h16", "graphs"
+        rep = dict(prompt_kind="repetitive", prompts=[300, 2500, 5000], max_tokens=96)
+        specs.append(base_spec(f"{v}-{m}-bfloat16-peer-ngram", variant=v, backend=PEERS["bfloat16"], kv="bfloat16",
+                               mode=m, model_root=model_root, speculative=NGRAM, **rep))
+        specs.append(base_spec(f"{v}-{m}-bfloat16-ours-ngram", variant=v, backend=OURS, kv="bfloat16", mode=m,
+                               model_root=model_root, speculative=NGRAM, count_calls=True, **rep))
+        specs.append(base_spec(f"{v}-{m}-bfloat16-ours-rep", variant=v, backend=OURS, kv="bfloat16", mode=m,
+                               model_root=model_root, **rep))
+        pairs.append({"kind": "speculative_vs_peer", "variant": v, "mode": m, "kv_cache_dtype": "bfloat16",
+                      "indexer": "vllm", "ours": f"{v}-{m}-bfloat16-ours-ngram", "peer": f"{v}-{m}-bfloat16-peer-ngram"})
+        pairs.append({"kind": "speculative_vs_plain", "variant": v, "mode": m, "kv_cache_dtype": "bfloat16",
+                      "indexer": "vllm", "ours": f"{v}-{m}-bfloat16-ours-ngram", "peer": f"{v}-{m}-bfloat16-ours-rep"})
+        for kv in PEERS:
+            name = f"{v}-{m}-{kv}-ours-ti-softfp8"
+            specs.append(base_spec(name, variant=v, backend=OURS, kv=kv, mode=m, model_root=model_root,
+                                   count_calls=True, env={"TRITON_MLA_SPARSE_INDEXER": "always",
+                                                          "TRITON_MLA_SPARSE_SOFT_FP8": "always"}))
+            pairs.append({"kind": "soft_fp8_vs_native", "variant": v, "mode": m, "kv_cache_dtype": kv,
+                          "indexer": "ours", "ours": name, "peer": f"{v}-{m}-{kv}-ours-ti"})
+    names = [s["name"] for s in specs]
+    if len(set(names)) != len(names):
+        raise AssertionError("duplicate run names")
+    return specs, pairs
+
+
+def serving_specs(model_root: str, *, variants: tuple[str, ...] = ("dsv32-h16", "dsv32-h128")) -> list[dict]:
+    """Per variant, each backend (ours and the peer, per cache dtype) with CUDA graphs at contexts 8K and 32K."""
+    specs = []
+    serving = {"contexts": [8192, 32768], "batch": {"8192": 32, "32768": 8}, "new_tokens": 128, "repeats": 1}
+    for variant in variants:
+        for kv, peer in PEERS.items():
+            for backend in (OURS, peer):
+                who = "ours" if backend == OURS else "peer"
+                specs.append(base_spec(f"serve-{variant}-{kv}-{who}", task="serving", variant=variant,
+                                       backend=backend, kv=kv, mode="graphs", model_root=model_root,
+                                       serving=serving))
+    return specs
+
+
+def run_pool(specs: list[dict], out_dir: Path, *, parallel: int, timeout_s: float,
+             log: Any = sys.stdout) -> dict[str, dict]:
+    """Run each spec in its own worker process, ``parallel`` at a time; returns name -> result (a failure or a
+    timeout is a result with ``ok: False``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pending = list(specs)
+    running: dict[str, tuple[subprocess.Popen, float, Path]] = {}
+    results: dict[str, dict] = {}
+    env = {**os.environ, "PYTHONPATH": f"{BENCH_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    while pending or running:
+        while pending and len(running) < parallel:
+            spec = pending.pop(0)
+            spec_path = out_dir / f"{spec['name']}.spec.json"
+            spec_path.write_text(json.dumps(spec, indent=1))
+            res_path = out_dir / f"{spec['name']}.json"
+            logf = open(out_dir / f"{spec['name']}.log", "w")
+            proc = subprocess.Popen([sys.executable, "-m", "e2e.worker", str(spec_path), str(res_path)],
+                                    cwd=BENCH_DIR, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            running[spec["name"]] = (proc, time.time(), res_path)
+        time.sleep(2)
+        for name, (proc, t0, res_path) in list(running.items()):
+            if proc.poll() is None and time.time() - t0 < timeout_s:
+                continue
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+            del running[name]
+            try:
+                results[name] = json.loads(res_path.read_text())
+            except (OSError, ValueError):
+                tail = (out_dir / f"{name}.log").read_text(errors="replace")[-3000:]
+                results[name] = {"ok": False, "error": f"no result (exit {proc.returncode}, "
+                                 f"{time.time() - t0:.0f} s)", "log_tail": tail}
+            print(f"[pool] {name}: {'ok' if results[name].get('ok') else results[name].get('error')} "
+                  f"({time.time() - t0:.0f} s; {len(pending)} pending, {len(running)} running)", file=log, flush=True)
+    return results

@@ -1,0 +1,110 @@
+"""Sections of the results file from worker results, the merged document, and its tables (pure Python)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from .compare import compare_runs
+from .schema import SCHEMA_VERSION, validate_results
+
+
+def correctness_rows(pairs: list[dict], results: dict[str, dict]) -> list[dict]:
+    """One row per compared pair: agreement per prompt, our call counts and the indexer shadow when recorded."""
+    rows = []
+    for pair in pairs:
+        ours, peer = results.get(pair["ours"], {}), results.get(pair["peer"], {})
+        row = {**pair, "ok": bool(ours.get("ok") and peer.get("ok"))}
+        if row["ok"]:
+            row.update(compare_runs(ours, peer))
+            cw, pw = (r.get("weights", {}).get("checksum") for r in (ours, peer))
+            row["same_weights"] = cw is not None and cw == pw  # both engines drew the same seeded weights
+            for key in ("calls", "indexer_shadow", "speculative"):
+                if key in ours:
+                    row[key] = ours[key]
+            if "speculative" in peer:
+                row["peer_speculative"] = peer["speculative"]
+        else:
+            row["errors"] = {k: r.get("error", "missing") for k, r in (("ours", ours), ("peer", peer))
+                             if not r.get("ok")}
+        rows.append(row)
+    return rows
+
+
+def serving_rows(results: dict[str, dict]) -> list[dict]:
+    rows = []
+    for name, r in sorted(results.items()):
+        spec = r.get("spec", {})
+        row = {"name": name, "variant": spec.get("variant", "?"), "backend": spec.get("backend", "?"),
+               "kv_cache_dtype": spec.get("kv_cache_dtype", "?"), "ok": bool(r.get("ok"))}
+        if row["ok"]:
+            row["contexts"] = r["serving"]
+            row["start_s"] = r["start_s"]
+        else:
+            row["error"] = r.get("error", "missing")
+        rows.append(row)
+    return rows
+
+
+def new_document(*, commit: str, gpu: str, versions: dict[str, str], date: str | None = None) -> dict[str, Any]:
+    return {"schema": SCHEMA_VERSION, "date": date or datetime.date.today().isoformat(), "commit": commit,
+            "gpu": gpu, "versions": dict(versions)}
+
+
+def merge(doc: dict[str, Any], section_files: list[Path]) -> dict[str, Any]:
+    """Add each section file's content (``{"correctness": [...]}``, ``{"serving": [...]}``, ``{"soak": {...}}``,
+    any extra keys) to ``doc``; returns the validated document."""
+    for path in section_files:
+        part = json.loads(Path(path).read_text())
+        for key, value in part.items():
+            if key in ("correctness", "serving") and key in doc:
+                doc[key] = doc[key] + value
+            else:
+                doc[key] = value
+    return validate_results(doc)
+
+
+def _fmt(x: float, nd: int = 3) -> str:
+    return "inf" if not math.isfinite(x) else f"{x:.{nd}f}"
+
+
+def correctness_table(doc: dict[str, Any]) -> str:
+    """Markdown: one line per compared pair; per prompt length ``prefix/length`` and the first-token logprob diff."""
+    rows = [r for r in doc.get("correctness", [])]
+    if not rows:
+        return "(no correctness rows)"
+    lengths = sorted({p["length"] for r in rows if r["ok"] for p in r["prompts"]})
+    head = "| comparison | mode | cache | indexer | " + " | ".join(f"{n} tok" for n in lengths) + \
+        " | max Δ logprob (1st token) |"
+    lines = [head, "|" + "---|" * (5 + len(lengths))]
+    for r in rows:
+        label = f"{r['variant']} {r['kind'].replace('_', ' ')}"
+        if not r["ok"]:
+            lines.append(f"| {label} | {r['mode']} | {r['kv_cache_dtype']} | {r['indexer']} | failed: "
+                         f"{'; '.join(r.get('errors', {}).values())[:120]} |")
+            continue
+        by_len = {p["length"]: p for p in r["prompts"]}
+        cells = [f"{by_len[n]['prefix']}/{by_len[n]['length']}" if n in by_len else "—" for n in lengths]
+        lines.append(f"| {label} | {r['mode']} | {r['kv_cache_dtype']} | {r['indexer']} | " + " | ".join(cells) +
+                     f" | {_fmt(r['worst_first_logprob_diff'])} |")
+    return "\n".join(lines)
+
+
+def serving_table(doc: dict[str, Any]) -> str:
+    rows = doc.get("serving", [])
+    if not rows:
+        return "(no serving rows)"
+    lines = ["| model | backend | cache | context | TTFT ms | TPOT ms | decode tok/s (batch) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if not r["ok"]:
+            lines.append(f"| {r['variant']} | {r['backend']} | {r['kv_cache_dtype']} | — | failed: "
+                         f"{r.get('error', '')[:100]} | | |")
+            continue
+        for c in r["contexts"]:
+            lines.append(f"| {r['variant']} | {r['backend']} | {r['kv_cache_dtype']} | {c['context']} | "
+                         f"{c['ttft_ms']:.1f} | {c['tpot_ms']:.2f} | {c['decode_tok_s']:.0f} ({c['batch']}) |")
+    return "\n".join(lines)

@@ -1,0 +1,95 @@
+"""The worker spec and the results file ``benchmarks/results/e2e-<gpu>-<date>.json`` (validated; CPU-tested)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCHEMA_VERSION = 1
+BACKENDS = ("TRITON_MLA_SPARSE", "FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE")
+KV_CACHE_DTYPES = ("bfloat16", "fp8_ds_mla")
+MODES = ("eager", "graphs")
+TASKS = ("generate", "serving")
+
+_SPEC_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "name": str, "task": str, "variant": str, "backend": str, "kv_cache_dtype": str, "mode": str,
+    "model_root": str, "max_model_len": int, "max_num_seqs": int, "max_num_batched_tokens": int,
+    "gpu_memory_utilization": float, "kv_cache_memory_bytes": int, "capture_sizes": list, "seed": int,
+    "weights_seed": int, "weights_std": float, "env": dict,
+}
+_GENERATE_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "prompts": list, "prompt_seed": int, "max_tokens": int, "logprobs": int,
+}
+
+
+def _need(obj: dict[str, Any], fields: dict[str, Any], what: str) -> None:
+    for key, typ in fields.items():
+        if key not in obj:
+            raise ValueError(f"{what}: missing field {key!r}")
+        if not isinstance(obj[key], typ) or (typ is int and isinstance(obj[key], bool)):
+            raise ValueError(f"{what}: field {key!r} must be {getattr(typ, '__name__', typ)}, got {obj[key]!r}")
+
+
+def validate_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """Check one worker spec (:mod:`.worker`); returns it. Raises ``ValueError`` naming the field."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"spec must be a dict, got {type(spec).__name__}")
+    _need(spec, _SPEC_FIELDS, "spec")
+    from .models import VARIANTS
+
+    for key, allowed in (("task", TASKS), ("backend", BACKENDS), ("kv_cache_dtype", KV_CACHE_DTYPES),
+                         ("mode", MODES), ("variant", tuple(VARIANTS))):
+        if spec[key] not in allowed:
+            raise ValueError(f"spec field {key!r} must be one of {allowed}, got {spec[key]!r}")
+    if spec["backend"] == "FLASHMLA_SPARSE" and spec["kv_cache_dtype"] != "fp8_ds_mla":
+        raise ValueError("spec: FLASHMLA_SPARSE decodes only fp8_ds_mla caches")
+    if spec["backend"] == "FLASH_ATTN_MLA_SPARSE" and spec["kv_cache_dtype"] != "bfloat16":
+        raise ValueError("spec: FLASH_ATTN_MLA_SPARSE reads only bf16 caches")
+    if spec["task"] == "generate":
+        _need(spec, _GENERATE_FIELDS, "generate spec")
+        if spec["max_tokens"] < 1 or any(not isinstance(n, int) or n < 1 for n in spec["prompts"]):
+            raise ValueError("generate spec: max_tokens and every prompt length must be positive ints")
+        if max(spec["prompts"]) + spec["max_tokens"] > spec["max_model_len"]:
+            raise ValueError("generate spec: the longest prompt plus max_tokens exceeds max_model_len")
+    else:
+        s = spec.get("serving")
+        if not isinstance(s, dict):
+            raise ValueError("serving spec: missing dict field 'serving'")
+        _need(s, {"contexts": list, "batch": dict, "new_tokens": int, "repeats": int}, "serving spec")
+        for c in s["contexts"]:
+            if str(c) not in s["batch"]:
+                raise ValueError(f"serving spec: no batch size for context {c}")
+            if c + s["new_tokens"] + 1 > spec["max_model_len"]:
+                raise ValueError(f"serving spec: context {c} + new tokens exceeds max_model_len")
+    return spec
+
+
+def validate_results(doc: dict[str, Any]) -> dict[str, Any]:
+    """Check a results document: header fields, and each section present is well-formed."""
+    _need(doc, {"schema": int, "date": str, "commit": str, "gpu": str, "versions": dict}, "results")
+    if doc["schema"] != SCHEMA_VERSION:
+        raise ValueError(f"results: schema must be {SCHEMA_VERSION}, got {doc['schema']}")
+    for key in ("vllm", "torch", "triton"):
+        if not isinstance(doc["versions"].get(key), str):
+            raise ValueError(f"results: versions.{key} must be a string")
+    if "correctness" in doc:
+        for row in doc["correctness"]:
+            _need(row, {"variant": str, "mode": str, "kv_cache_dtype": str, "ours": str, "peer": str,
+                        "ok": bool}, "correctness row")
+            if row["ok"]:
+                _need(row, {"prompts": list, "all_identical": bool}, "correctness row")
+                for p in row["prompts"]:
+                    _need(p, {"length": int, "prefix": int, "equal": float, "first_logprob_diff": float},
+                          "correctness prompt")
+    if "serving" in doc:
+        for row in doc["serving"]:
+            _need(row, {"variant": str, "backend": str, "kv_cache_dtype": str, "ok": bool}, "serving row")
+            if row["ok"]:
+                for r in row["contexts"]:
+                    _need(r, {"context": int, "ttft_ms": float, "tpot_ms": float, "decode_tok_s": float},
+                          "serving context")
+    if "soak" in doc:
+        _need(doc["soak"], {"ok": bool}, "soak")
+        if "error" not in doc["soak"]:
+            _need(doc["soak"], {"requests": int, "errors": int, "duration_s": float, "identical": int,
+                                "mismatch": int, "preemptions": int}, "soak")
+    return doc

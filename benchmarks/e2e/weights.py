@@ -1,0 +1,88 @@
+"""Seeded, realistic-scale weights for a vLLM model, applied in place through ``LLM.apply_model``.
+
+vLLM's dummy loader draws every weight uniformly from ±1e-3, which makes the logits nearly uniform, so two attention
+backends would agree whatever attention returned. :func:`reinit` redraws each parameter in place from a normal
+distribution (std 0.02, a generator seeded from the run's seed and the parameter's name, so every engine of a
+comparison holds the same weights whatever its attention backend), sets norm gains to 1 and biases to 0, keeps
+quantisation scales, and then recomputes what vLLM's MLA layers derive from ``kv_b_proj`` at load time (``W_UK_T``,
+``W_UV``) with vLLM's own ``process_weights_after_loading``, which copies in place so captured CUDA graphs stay valid.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import torch
+
+#: Parameters left as loaded: quantisation scales and the MLA tensors recomputed from kv_b_proj afterwards.
+KEEP_MARKERS = ("scale", "W_UK", "W_UV", "W_K", "W_V")
+
+
+def rule(name: str, param: torch.Tensor) -> str:
+    """What :func:`reinit` does with a parameter: ``normal``, ``ones`` (norm gains), ``zeros`` (biases) or ``keep``."""
+    leaf = name.rsplit(".", 1)[-1]
+    if any(m in leaf for m in KEEP_MARKERS) or not param.is_floating_point():
+        return "keep"
+    if "bias" in leaf:
+        return "zeros"
+    if "norm" in name and param.dim() == 1:
+        return "ones"
+    return "normal"
+
+
+def param_seed(seed: int, name: str) -> int:
+    """The generator seed of one parameter: the same name and run seed give the same draw in every process."""
+    return (zlib.crc32(name.encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF
+
+
+@torch.no_grad()
+def reinit_parameters(model: torch.nn.Module, *, seed: int = 0, std: float = 0.02) -> dict[str, Any]:
+    """Redraw ``model``'s parameters in place (see the module docstring); returns counts and a checksum."""
+    counts = {"normal": 0, "ones": 0, "zeros": 0, "keep": 0}
+    checksum = 0.0
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        what = rule(name, p)
+        counts[what] += 1
+        if what == "normal":
+            g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
+            p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std).to(p.dtype))
+        elif what == "ones":
+            p.fill_(1.0)
+        elif what == "zeros":
+            p.zero_()
+        if what != "keep":
+            checksum += float(p.float().abs().sum())
+    return {"counts": counts, "checksum": checksum}
+
+
+@torch.no_grad()
+def recompute_mla(model: torch.nn.Module) -> int:
+    """Re-run vLLM's load-time step of every MLA layer (``W_UK_T``/``W_UV`` from ``kv_b_proj``); returns how many."""
+    n = 0
+    for module in model.modules():
+        if hasattr(module, "kv_b_proj") and hasattr(module, "W_UK_T") and hasattr(module, "process_weights_after_loading"):
+            dtype = module.kv_b_proj.weight.dtype
+            module.process_weights_after_loading(dtype)
+            n += 1
+    return n
+
+
+def reinit(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> dict[str, Any]:
+    """The function given to ``LLM.apply_model``: :func:`reinit_parameters` then :func:`recompute_mla`."""
+    info = reinit_parameters(model, seed=seed, std=std)
+    info["mla_layers"] = recompute_mla(model)
+    if info["mla_layers"] == 0:
+        raise RuntimeError("no MLA layer found: W_UK_T/W_UV would keep the dummy weights")
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return info
+
+
+class ReinitExtension:
+    """A vLLM worker extension (``--worker-extension-cls e2e.weights.ReinitExtension``) so that ``vllm serve``
+    gets the same weights through its ``/collective_rpc`` endpoint (``VLLM_SERVER_DEV_MODE=1``), which passes
+    string arguments only."""
+
+    def e2e_reinit(self, seed: str = "0", std: str = "0.02") -> dict[str, Any]:
+        return reinit(self.model_runner.get_model(), int(seed), float(std))

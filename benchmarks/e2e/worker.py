@@ -1,0 +1,279 @@
+"""One vLLM engine, one JSON spec in, one JSON result out:  ``python -m e2e.worker SPEC.json OUT.json``.
+
+Runs in its own process (vLLM's engine core in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the counters and
+the indexer shadow below see the model's calls). The spec's ``env`` is applied before vLLM is imported. Tasks:
+
+``generate``  greedy generation of the spec's prompts; per prompt the tokens and the first token's top logprobs;
+              with ``count_calls`` the calls of our backend's kernel hook (decode / prefill, rows, and in eager
+              steps the largest number of valid top-k entries, which shows that a prompt longer than the top-k ran
+              sparse); with ``shadow_indexer`` (vLLM's own indexer active) our indexer recomputes every eager step's
+              top-k from the same cache and the two sets are compared.
+``serving``   time to first token, time per output token and batched decode tokens/s (see :func:`serving`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .schema import validate_spec
+
+HERE = Path(__file__).resolve().parent
+
+
+def _engine(spec: dict[str, Any]):
+    from vllm import LLM
+    from vllm.plugins import load_general_plugins
+
+    from .models import write_model
+    from .weights import reinit
+
+    load_general_plugins()  # so that attention_config can name TRITON_MLA_SPARSE
+    model_dir = write_model(spec["variant"], spec["model_root"], max_position_embeddings=spec["max_model_len"])
+    kwargs: dict[str, Any] = dict(
+        model=str(model_dir),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        kv_cache_dtype=spec["kv_cache_dtype"],
+        attention_config={"backend": spec["backend"]},
+        block_size=64,
+        max_model_len=spec["max_model_len"],
+        max_num_seqs=spec["max_num_seqs"],
+        max_num_batched_tokens=spec["max_num_batched_tokens"],
+        gpu_memory_utilization=spec["gpu_memory_utilization"],
+        kv_cache_memory_bytes=spec["kv_cache_memory_bytes"],
+        enforce_eager=spec["mode"] == "eager",
+        seed=spec["seed"],
+        enable_prefix_caching=False,
+        disable_log_stats=not spec.get("speculative"),  # the speculator's acceptance counts are stats
+    )
+    if spec["mode"] == "graphs":
+        kwargs["cudagraph_capture_sizes"] = spec["capture_sizes"]
+    if spec.get("speculative"):
+        kwargs["speculative_config"] = spec["speculative"]
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    start_s = time.perf_counter() - t0
+    info = llm.apply_model(functools.partial(reinit, seed=spec["weights_seed"], std=spec["weights_std"]))[0]
+    return llm, {"start_s": start_s, "weights": info}
+
+
+class CallCounter:
+    """Wraps ``TritonMLASparseImpl._forward_mqa_kernel``: counts calls and the largest valid top-k per eager step."""
+
+    def __init__(self) -> None:
+        self.stats = {"decode_calls": 0, "prefill_calls": 0, "rows": 0, "max_valid_prefill": 0,
+                      "max_valid_decode": 0, "captured_calls": 0}
+
+    def install(self) -> None:
+        import torch
+
+        from triton_mla_sparse.integrations.vllm.backend import TritonMLASparseImpl
+
+        original = TritonMLASparseImpl._forward_mqa_kernel
+        stats = self.stats
+
+        def counted(impl, q, kv_cache, topk_indices, valid_counts, **kw):
+            kind = "decode" if kw.get("is_decode") else "prefill"
+            stats[f"{kind}_calls"] += 1
+            stats["rows"] += int(topk_indices.shape[0])
+            if torch.cuda.is_current_stream_capturing():
+                stats["captured_calls"] += 1
+            elif valid_counts is not None and valid_counts.numel():
+                stats[f"max_valid_{kind}"] = max(stats[f"max_valid_{kind}"], int(valid_counts.max()))
+            return original(impl, q, kv_cache, topk_indices, valid_counts, **kw)
+
+        TritonMLASparseImpl._forward_mqa_kernel = counted
+
+
+class IndexerShadow:
+    """Wraps vLLM's ``sparse_attn_indexer`` as the DSA attention calls it: after vLLM's own (DeepGEMM) top-k, our
+    indexer computes the same step's top-k into a copy of the buffer, and the two sets are compared per row."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[list[int], list[int]]] = []
+        self.steps = 0
+        self.max_rows = 4096
+        self.errors: list[str] = []
+
+    def install(self) -> None:
+        import torch
+        import vllm.models.deepseek_v32.attention as dsa
+
+        from triton_mla_sparse.integrations.vllm.indexer import sparse_attn_indexer as ours
+
+        original = dsa.sparse_attn_indexer
+        sig = inspect.signature(original)
+        shadow = self
+
+        def wrapped(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if torch.cuda.is_current_stream_capturing() or len(shadow.rows) >= shadow.max_rows:
+                return result
+            from vllm.forward_context import get_forward_context
+
+            if not isinstance(get_forward_context().attn_metadata, dict):
+                return result
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            a = bound.arguments
+            n = a["hidden_states"].shape[0]
+            theirs = a["topk_indices_buffer"][:n].clone()
+            mine_buf = a["topk_indices_buffer"].clone()
+            mine_buf[:n] = -1
+            a["topk_indices_buffer"] = mine_buf
+            a["skip_k_cache_insert"] = True
+            try:
+                ours(**a)
+            except Exception as e:  # recorded: the shadow must never stop the engine it watches
+                shadow.errors.append(f"{type(e).__name__}: {e}"[:300])
+                return result
+            mine = mine_buf[:n]
+            topk = int(a["topk_tokens"])
+            full = ((theirs >= 0).sum(dim=1) >= topk).nonzero().flatten()  # rows where the top-k selects
+            for r in full.tolist()[: shadow.max_rows - len(shadow.rows)]:
+                shadow.rows.append((theirs[r].tolist(), mine[r].tolist()))
+            shadow.steps += 1
+            return result
+
+        dsa.sparse_attn_indexer = wrapped
+
+    def summary(self) -> dict[str, Any]:
+        from .compare import set_agreement
+
+        head = {"steps": self.steps, "errors": self.errors[:3], "error_count": len(self.errors)}
+        if not self.rows:
+            return {**head, "rows": 0}
+        return {**head, **set_agreement([a for a, _ in self.rows], [b for _, b in self.rows])}
+
+
+def generate(spec: dict[str, Any]) -> dict[str, Any]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from .prompts import prompt_set
+
+    counter = shadow = None
+    if spec.get("count_calls"):
+        counter = CallCounter()
+        counter.install()
+    if spec.get("shadow_indexer"):
+        shadow = IndexerShadow()
+        shadow.install()
+    llm, meta = _engine(spec)
+    prompts = prompt_set(tuple(spec["prompts"]), seed=spec["prompt_seed"], kind=spec.get("prompt_kind", "random"))
+    sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True, logprobs=spec["logprobs"],
+                        detokenize=False)
+    t0 = time.perf_counter()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+    gen_s = time.perf_counter() - t0
+    rows = []
+    for p, o in zip(prompts, outs):
+        c = o.outputs[0]
+        lps = c.logprobs or []
+        first = {str(t): float(lp.logprob) for t, lp in (lps[0].items() if lps else [])}
+        margins = []
+        for step in lps:
+            top = sorted((float(lp.logprob) for lp in step.values()), reverse=True)
+            margins.append(top[0] - top[1] if len(top) > 1 else None)
+        rows.append({"length": len(p), "tokens": list(c.token_ids), "first_logprobs": first,
+                     "top2_margins": margins})
+    result = {**meta, "generate_s": gen_s, "prompts": rows}
+    if counter:
+        result["calls"] = counter.stats
+    if shadow:
+        result["indexer_shadow"] = shadow.summary()
+    spec_stats = _spec_decode_stats(llm)
+    if spec_stats:
+        result["speculative"] = spec_stats
+    return result
+
+
+def _spec_decode_stats(llm) -> dict[str, Any] | None:
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # metrics are off or unavailable in this mode
+        return None
+    out = {}
+    for m in metrics:
+        if "spec_decode" in getattr(m, "name", ""):
+            value = getattr(m, "value", None)
+            if isinstance(value, (int, float)):
+                out[m.name] = value
+    return out or None
+
+
+def serving(spec: dict[str, Any]) -> dict[str, Any]:
+    """Per context C in the spec: TTFT = latency of one C-token request producing 1 token; TPOT = (latency of one
+    request producing ``new_tokens + 1`` tokens - TTFT) / new_tokens; decode tokens/s = B · new_tokens /
+    (time of B concurrent C-token requests producing new_tokens + 1 tokens - their time for 1 token). Medians of
+    ``repeats``; one untimed warm-up per shape."""
+    import statistics
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from .prompts import random_prompt
+
+    llm, meta = _engine(spec)
+    cfg = spec["serving"]
+    new = cfg["new_tokens"]
+
+    def run(prompts, max_tokens):
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+        t0 = time.perf_counter()
+        llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+        return time.perf_counter() - t0
+
+    def median(prompts, max_tokens):
+        run(prompts, max_tokens)
+        return statistics.median(run(prompts, max_tokens) for _ in range(cfg["repeats"]))
+
+    rows = []
+    for ctx in cfg["contexts"]:
+        one = [random_prompt(ctx, seed=ctx)]
+        ttft = median(one, 1)
+        lat = median(one, new + 1)
+        batch = cfg["batch"][str(ctx)]
+        many = [random_prompt(ctx, seed=ctx + 1 + i) for i in range(batch)]
+        b_first = median(many, 1)
+        b_all = median(many, new + 1)
+        rows.append({"context": ctx, "ttft_ms": ttft * 1e3, "tpot_ms": (lat - ttft) / new * 1e3,
+                     "batch": batch, "decode_tok_s": batch * new / (b_all - b_first),
+                     "batch_latency_s": b_all})
+    return {**meta, "serving": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m e2e.worker SPEC.json OUT.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text())
+    validate_spec(spec)
+    os.environ.update({k: str(v) for k, v in spec.get("env", {}).items()})
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    t0 = time.time()
+    try:
+        result = {"generate": generate, "serving": serving}[spec["task"]](spec)
+        result["ok"] = True
+    except Exception as e:  # recorded, so that one failing engine does not hide the others' results
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+    result["spec"] = spec
+    result["wall_s"] = time.time() - t0
+    Path(argv[1]).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"[worker] {spec['name']}: {'ok' if result['ok'] else result['error']} ({result['wall_s']:.0f} s)",
+          flush=True)
+    os._exit(0 if result["ok"] else 1)  # skip vLLM's slow interpreter-exit teardown
+
+
+if __name__ == "__main__":
+    sys.exit(main())

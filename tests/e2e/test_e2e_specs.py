@@ -1,0 +1,89 @@
+"""Worker specs, the correctness matrix and the results file of the end-to-end harness."""
+
+import json
+
+import pytest
+from e2e.matrix import OURS, PEERS, base_spec, correctness_specs, serving_specs
+from e2e.results import correctness_rows, correctness_table, merge, new_document, serving_rows, serving_table
+from e2e.schema import validate_results, validate_spec
+
+
+def test_matrix_covers_the_issue():
+    specs, pairs = correctness_specs("/m")
+    names = {s["name"] for s in specs}
+    assert len(names) == len(specs)
+    for p in pairs:
+        assert p["ours"] in names and p["peer"] in names
+    vs_peer = [p for p in pairs if p["kind"] == "vs_peer"]
+    # every variant x mode x cache, with vLLM's indexer and with ours forced
+    assert {(p["variant"], p["mode"], p["kv_cache_dtype"], p["indexer"]) for p in vs_peer} == {
+        (v, m, kv, ix) for v in ("dsv32-h128", "dsv32-h16", "glm5-h8") for m in ("eager", "graphs")
+        for kv in PEERS for ix in ("vllm", "ours")}
+    by_name = {s["name"]: s for s in specs}
+    for p in vs_peer:
+        o, q = by_name[p["ours"]], by_name[p["peer"]]
+        assert o["backend"] == OURS and q["backend"] == PEERS[p["kv_cache_dtype"]]
+        same = ("variant", "mode", "kv_cache_dtype", "prompts", "max_tokens", "weights_seed", "max_model_len")
+        assert all(o[k] == q[k] for k in same)
+        assert (o["env"].get("TRITON_MLA_SPARSE_INDEXER") == "always") == (p["indexer"] == "ours")
+        assert o["prompts"] == [17, 300, 2500, 5000, 16000] and o["max_tokens"] >= 64
+    kinds = {p["kind"] for p in pairs}
+    assert {"speculative_vs_peer", "speculative_vs_plain", "soft_fp8_vs_native"} <= kinds
+    assert any(s["env"].get("TRITON_MLA_SPARSE_SOFT_FP8") == "always" for s in specs)
+
+
+def test_serving_specs():
+    specs = serving_specs("/m")
+    assert {(s["variant"], s["backend"]) for s in specs} == {
+        (v, b) for v in ("dsv32-h16", "dsv32-h128") for b in (OURS, *PEERS.values())}
+    assert all(s["serving"]["contexts"] == [8192, 32768] and s["mode"] == "graphs" for s in specs)
+
+
+def test_validate_spec_names_the_field():
+    good = base_spec("x", variant="glm5-h8", backend=OURS, kv="bfloat16", mode="eager", model_root="/m")
+    for key, value, msg in (("backend", "FLASHINFER", "backend"), ("mode", "graph", "mode"),
+                            ("max_tokens", 0, "max_tokens"), ("max_model_len", 100, "max_model_len"),
+                            ("weights_std", 1, "weights_std")):
+        with pytest.raises(ValueError, match=msg):
+            validate_spec({**good, key: value})
+    with pytest.raises(ValueError, match="fp8_ds_mla"):
+        validate_spec({**good, "backend": "FLASHMLA_SPARSE"})
+    bad = dict(good)
+    del bad["seed"]
+    with pytest.raises(ValueError, match="seed"):
+        validate_spec(bad)
+
+
+def _worker_result(spec, tokens, ok=True):
+    prompts = [{"length": n, "tokens": tokens, "first_logprobs": {"3": -0.5}, "top2_margins": []}
+               for n in spec["prompts"]]
+    return {"ok": ok, "spec": spec, "prompts": prompts, "calls": {"prefill_calls": 2},
+            "weights": {"checksum": 12.5}} if ok else \
+        {"ok": False, "spec": spec, "error": "RuntimeError: boom"}
+
+
+def test_rows_merge_and_tables(tmp_path):
+    specs, pairs = correctness_specs("/m", variants=("glm5-h8",), modes=("eager",))
+    results = {s["name"]: _worker_result(s, [1, 2, 3]) for s in specs}
+    broken = pairs[0]["peer"]
+    results[broken] = _worker_result(specs[0], [], ok=False)
+    rows = correctness_rows(pairs, results)
+    assert [r["ok"] for r in rows].count(False) == 2  # both pairs that use the broken peer
+    assert all(r["all_identical"] and r["same_weights"] for r in rows if r["ok"])
+    assert rows[-1]["calls"] == {"prefill_calls": 2}
+    serve = {"serve-a": {"ok": True, "spec": specs[0], "start_s": 1.0,
+                         "serving": [{"context": 8192, "ttft_ms": 5.0, "tpot_ms": 1.0, "decode_tok_s": 900.0,
+                                      "batch": 32, "batch_latency_s": 2.0}]}}
+    env = {"gpu": "NVIDIA H200", "versions": {"vllm": "0.33.0", "torch": "2.11", "triton": "3.6.0"}}
+    (tmp_path / "c.json").write_text(json.dumps({"environment": env, "correctness": rows}))
+    (tmp_path / "s.json").write_text(json.dumps({"environment": env, "serving": serving_rows(serve)}))
+    (tmp_path / "k.json").write_text(json.dumps({"soak": {"ok": False, "error": "TimeoutError: x"}}))
+    doc = merge(new_document(commit="abc", gpu="NVIDIA H200", versions=env["versions"]),
+                [tmp_path / "c.json", tmp_path / "s.json", tmp_path / "k.json"])
+    table = correctness_table(doc)
+    assert "failed: RuntimeError: boom" in table and "3/3" in table
+    assert "| 8192 | 5.0 | 1.00 | 900 (32) |" in serving_table(doc)
+    with pytest.raises(ValueError, match="schema"):
+        validate_results({**doc, "schema": 0})
+    with pytest.raises(ValueError, match="soak"):
+        validate_results({**doc, "soak": {"ok": True, "requests": 3}})
