@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     if a.cmd in ("merge", "tables"):
-        from .results import correctness_table, merge, new_document, serving_table
+        from .results import correctness_table, merge, new_document, serving_table, summary_table
 
         if a.cmd == "merge":
             first = json.loads(a.sections[0].read_text())
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {a.out}")
         else:
             doc = json.loads(a.results.read_text())
+            print(summary_table(doc), "\n")
             print(correctness_table(doc), "\n")
             print(serving_table(doc))
         return 0

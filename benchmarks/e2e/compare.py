@@ -9,7 +9,7 @@ from typing import Any
 
 def token_agreement(a: Sequence[int], b: Sequence[int]) -> dict[str, Any]:
     """Greedy tokens of two runs of one prompt: ``prefix`` (tokens equal before the first difference), ``equal``
-    (fraction of equal positions), ``identical`` (same length and tokens)."""
+    (fraction of equal positions), ``identical`` (same length and tokens), ``generated`` (the longer length)."""
     if len(a) == 0 or len(b) == 0:
         raise ValueError(f"token lists must be non-empty, got lengths {len(a)} and {len(b)}")
     prefix = 0
@@ -19,7 +19,7 @@ def token_agreement(a: Sequence[int], b: Sequence[int]) -> dict[str, Any]:
         prefix += 1
     n = max(len(a), len(b))
     equal = sum(1 for x, y in zip(a, b) if x == y) / n
-    return {"prefix": prefix, "equal": equal, "identical": list(a) == list(b), "length": n}
+    return {"prefix": prefix, "equal": equal, "identical": list(a) == list(b), "generated": n}
 
 
 def logprob_diff(a: Mapping[int, float], b: Mapping[int, float]) -> float:

@@ -108,3 +108,27 @@ def serving_table(doc: dict[str, Any]) -> str:
             lines.append(f"| {r['variant']} | {r['backend']} | {r['kv_cache_dtype']} | {c['context']} | "
                          f"{c['ttft_ms']:.1f} | {c['tpot_ms']:.2f} | {c['decode_tok_s']:.0f} ({c['batch']}) |")
     return "\n".join(lines)
+
+
+def summary_table(doc: dict[str, Any]) -> str:
+    """Markdown for the README: per model, cache and indexer, ours vs vLLM's backend in eager and CUDA-graph mode —
+    prompts whose greedy tokens are identical, the shortest identical prefix and the worst first-token logprob
+    difference."""
+    rows = [r for r in doc.get("correctness", []) if r["kind"] == "vs_peer"]
+    if not rows:
+        return "(no correctness rows)"
+    lines = ["| model | cache (peer) | indexer | mode | identical outputs | shortest identical prefix | "
+             "max Δ logprob, 1st token |", "|---|---|---|---|---|---|---|"]
+    peers = {"bfloat16": "FLASH_ATTN_MLA_SPARSE", "fp8_ds_mla": "FLASHMLA_SPARSE"}
+    for r in rows:
+        cache = f"{r['kv_cache_dtype']} ({peers.get(r['kv_cache_dtype'], '?')})"
+        indexer = "DeepGEMM (vLLM)" if r["indexer"] == "vllm" else "ours"
+        if not r["ok"]:
+            lines.append(f"| {r['variant']} | {cache} | {indexer} | {r['mode']} | failed | | |")
+            continue
+        same = sum(p["identical"] for p in r["prompts"])
+        short = min(r["prompts"], key=lambda p: p["prefix"])
+        lines.append(f"| {r['variant']} | {cache} | {indexer} | {r['mode']} | {same}/{len(r['prompts'])} | "
+                     f"{short['prefix']} of {short['generated']} (prompt {short['length']}) | "
+                     f"{_fmt(r['worst_first_logprob_diff'])} |")
+    return "\n".join(lines)

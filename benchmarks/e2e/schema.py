@@ -78,7 +78,7 @@ def validate_results(doc: dict[str, Any]) -> dict[str, Any]:
             if row["ok"]:
                 _need(row, {"prompts": list, "all_identical": bool}, "correctness row")
                 for p in row["prompts"]:
-                    _need(p, {"length": int, "prefix": int, "equal": float, "first_logprob_diff": float},
+                    _need(p, {"length": int, "generated": int, "prefix": int, "equal": float, "first_logprob_diff": float},
                           "correctness prompt")
     if "serving" in doc:
         for row in doc["serving"]:

@@ -64,7 +64,7 @@ def judge(soak: list[dict[str, Any]], alone: dict[int, dict[str, Any]], *, margi
             near_tie += 1
         else:
             mismatch += 1
-            worst.append({"id": s["id"], "prefix": agree["prefix"], "length": agree["length"], "margin": m})
+            worst.append({"id": s["id"], "prefix": agree["prefix"], "generated": agree["generated"], "margin": m})
     return {"compared": len(soak), "identical": identical, "near_tie": near_tie, "mismatch": mismatch,
             "mismatches": worst[:20], "margin": margin}
 

@@ -7,11 +7,11 @@ from e2e.compare import compare_runs, divergence_is_a_near_tie, logprob_diff, se
 
 
 def test_token_agreement():
-    assert token_agreement([1, 2, 3], [1, 2, 3]) == {"prefix": 3, "equal": 1.0, "identical": True, "length": 3}
+    assert token_agreement([1, 2, 3], [1, 2, 3]) == {"prefix": 3, "equal": 1.0, "identical": True, "generated": 3}
     r = token_agreement([1, 2, 3, 4], [1, 9, 3, 4])
     assert (r["prefix"], r["equal"], r["identical"]) == (1, 0.75, False)
     r = token_agreement([1, 2], [1, 2, 3])
-    assert (r["prefix"], r["identical"], r["length"]) == (2, False, 3)
+    assert (r["prefix"], r["identical"], r["generated"]) == (2, False, 3)
     with pytest.raises(ValueError):
         token_agreement([], [1])
 
@@ -41,6 +41,7 @@ def test_compare_runs():
     r = compare_runs(ours, peer)
     assert not r["all_identical"] and r["worst_first_logprob_diff"] == pytest.approx(0.5)
     assert [p["prefix"] for p in r["prompts"]] == [3, 1]
+    assert [p["length"] for p in r["prompts"]] == [30, 20] and [p["generated"] for p in r["prompts"]] == [3, 2]
     with pytest.raises(ValueError, match="same prompts"):
         compare_runs(ours, _run([[1]], [{}]))
 

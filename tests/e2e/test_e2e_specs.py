@@ -4,7 +4,8 @@ import json
 
 import pytest
 from e2e.matrix import OURS, PEERS, base_spec, correctness_specs, serving_specs
-from e2e.results import correctness_rows, correctness_table, merge, new_document, serving_rows, serving_table
+from e2e.results import (correctness_rows, correctness_table, merge, new_document, serving_rows, serving_table,
+                         summary_table)
 from e2e.schema import validate_results, validate_spec
 
 
@@ -83,6 +84,9 @@ def test_rows_merge_and_tables(tmp_path):
     table = correctness_table(doc)
     assert "failed: RuntimeError: boom" in table and "3/3" in table
     assert "| 8192 | 5.0 | 1.00 | 900 (32) |" in serving_table(doc)
+    summary = summary_table(doc)
+    assert "| glm5-h8 | fp8_ds_mla (FLASHMLA_SPARSE) | ours | eager | 5/5 | 3 of 3 (prompt 17) | 0.000 |" in summary
+    assert summary.count("failed") == 2
     with pytest.raises(ValueError, match="schema"):
         validate_results({**doc, "schema": 0})
     with pytest.raises(ValueError, match="soak"):
