@@ -91,3 +91,16 @@ def test_rows_merge_and_tables(tmp_path):
         validate_results({**doc, "schema": 0})
     with pytest.raises(ValueError, match="soak"):
         validate_results({**doc, "soak": {"ok": True, "requests": 3}})
+
+
+def test_run_pool_records_failures(tmp_path):
+    """The pool's plumbing with a real worker process: on a machine without a GPU engine the run fails, and the
+    failure is a result with the error, not an exception."""
+    from e2e.matrix import run_pool
+
+    spec = base_spec("cpu-run", variant="glm5-h8", backend=OURS, kv="bfloat16", mode="eager",
+                     model_root=str(tmp_path / "m"))
+    out = run_pool([spec], tmp_path / "runs", parallel=1, timeout_s=120, log=open(tmp_path / "log", "w"))
+    assert out["cpu-run"]["ok"] is False and out["cpu-run"]["error"]
+    assert json.loads((tmp_path / "runs" / "cpu-run.spec.json").read_text()) == spec
+    assert "cpu-run" in (tmp_path / "log").read_text()
