@@ -29,14 +29,16 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("correctness", help="the correctness matrix (section file DIR/correctness.json)")
     c.add_argument("--out", type=Path, required=True)
     c.add_argument("--parallel", type=int, default=8)
-    c.add_argument("--timeout", type=float, default=540)
+    c.add_argument("--timeout", type=float, default=540, help="seconds per engine run")
+    c.add_argument("--budget", type=float, default=900, help="start no run after this many seconds")
     c.add_argument("--variants", default="dsv32-h128,dsv32-h16,glm5-h8")
     c.add_argument("--modes", default="eager,graphs")
     c.add_argument("--only", default="", help="regex: run only the specs whose name matches")
     s = sub.add_parser("serving", help="serving figures, one engine at a time (DIR/serving.json)")
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--variants", default="dsv32-h16,dsv32-h128")
-    s.add_argument("--timeout", type=float, default=400)
+    s.add_argument("--timeout", type=float, default=400, help="seconds per engine run")
+    s.add_argument("--budget", type=float, default=720, help="start no run after this many seconds")
     s.add_argument("--only", default="")
     k = sub.add_parser("soak", help="vllm serve under concurrent load (DIR/soak.json)")
     k.add_argument("--out", type=Path, required=True)
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.only:
             specs = [sp for sp in specs if re.search(a.only, sp["name"])]
         specs.sort(key=lambda sp: ("h128" not in sp["name"], sp["mode"] != "graphs"))  # longest first
-        results = run_pool(specs, a.out / "runs", parallel=a.parallel, timeout_s=a.timeout)
+        results = run_pool(specs, a.out / "runs", parallel=a.parallel, timeout_s=a.timeout, budget_s=a.budget)
         names = set(results)
         pairs = [pr for pr in pairs if pr["ours"] in names and pr["peer"] in names]
         section = {"environment": env, "correctness": correctness_rows(pairs, results)}
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = serving_specs(str(a.out / "models"), variants=tuple(a.variants.split(",")))
         if a.only:
             specs = [sp for sp in specs if re.search(a.only, sp["name"])]
-        results = run_pool(specs, a.out / "runs", parallel=1, timeout_s=a.timeout)
+        results = run_pool(specs, a.out / "runs", parallel=1, timeout_s=a.timeout, budget_s=a.budget)
         section = {"environment": env, "serving": serving_rows(results)}
         path = a.out / "serving.json"
     else:

@@ -41,7 +41,7 @@ PY
             (timeout 300 python3 e2e/fp8_sw_check.py --out '"$E2E"'/fp8_sw_check.json > '"$E2E"'/fp8_sw_check.log 2>&1) &
         fi
         (timeout 900 python3 -m e2e soak --out '"$E2E"'/soak > '"$E2E"'/soak.log 2>&1) &
-        timeout 1200 python3 -m e2e correctness --out '"$E2E"'/correctness ${E2E_ONLY:+--only "$E2E_ONLY"} \
+        timeout 1500 python3 -m e2e correctness --out '"$E2E"'/correctness ${E2E_ONLY:+--only "$E2E_ONLY"} \
             > '"$E2E"'/correctness.log 2>&1
         wait
         touch '"$E2E"'/CORRECTNESS_DONE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -98,17 +99,21 @@ def serving_specs(model_root: str, *, variants: tuple[str, ...] = ("dsv32-h16", 
     return specs
 
 
-def run_pool(specs: list[dict], out_dir: Path, *, parallel: int, timeout_s: float,
+def run_pool(specs: list[dict], out_dir: Path, *, parallel: int, timeout_s: float, budget_s: float = math.inf,
              log: Any = sys.stdout) -> dict[str, dict]:
     """Run each spec in its own worker process, ``parallel`` at a time; returns name -> result (a failure or a
-    timeout is a result with ``ok: False``)."""
+    timeout is a result with ``ok: False``; a spec not started within ``budget_s`` is a result ``not run``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pending = list(specs)
     running: dict[str, tuple[subprocess.Popen, float, Path]] = {}
     results: dict[str, dict] = {}
+    start = time.time()
     env = {**os.environ, "PYTHONPATH": f"{BENCH_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "TORCHINDUCTOR_COMPILE_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     while pending or running:
+        while pending and time.time() - start > budget_s:
+            spec = pending.pop(0)
+            results[spec["name"]] = {"ok": False, "error": f"not run: budget of {budget_s:.0f} s spent", "spec": spec}
         while pending and len(running) < parallel:
             spec = pending.pop(0)
             spec_path = out_dir / f"{spec['name']}.spec.json"
