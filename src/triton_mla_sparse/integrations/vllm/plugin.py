@@ -36,7 +36,11 @@ parses arguments. ``register`` is idempotent and never changes vLLM's files. It
    where DeepGEMM is not usable; ``TRITON_MLA_SPARSE_INDEXER=auto|always|off``, see
    :mod:`triton_mla_sparse.integrations.vllm.indexer`.
 
-A value of either variable outside its modes raises ``ValueError`` from :func:`register` (see
+4. routes vLLM's DSA Triton kernels (``fused_norm_rope``, ``fused_q``) through a software e4m3 cast where Triton
+   has no native one (below SM 8.9); ``TRITON_MLA_SPARSE_SOFT_FP8=auto|always|off``, see
+   :mod:`triton_mla_sparse.integrations.vllm.fp8_compat`.
+
+A value of any of these variables outside its modes raises ``ValueError`` from :func:`register` (see
 :mod:`~triton_mla_sparse.integrations.vllm.policy`); any other failure is logged and leaves vLLM running. This
 module imports vLLM inside functions only.
 """
@@ -56,9 +60,10 @@ from .policy import (
     logger,
     place_backend,
     priority_mode,
+    soft_fp8_mode,
 )
 
-__all__ = ["register", "install_priority_hook", "install_indexer"]
+__all__ = ["register", "install_priority_hook", "install_indexer", "install_soft_fp8"]
 
 #: Parameters of ``vllm.platforms.cuda._get_backend_priorities`` in vLLM 0.33.
 EXPECTED_PRIORITY_PARAMS = (
@@ -206,13 +211,26 @@ def install_indexer() -> bool:
     return install()
 
 
+def install_soft_fp8() -> bool:
+    """Route vLLM's DSA Triton kernels through the software e4m3 cast (see :mod:`.fp8_compat`) unless
+    ``TRITON_MLA_SPARSE_SOFT_FP8=off`` or (``auto``) the platform is not CUDA. Returns whether the routing is in
+    place after the call; a bad ``TRITON_MLA_SPARSE_SOFT_FP8`` raises ``ValueError``."""
+    mode = soft_fp8_mode()
+    if mode == "off":
+        return False
+    from .fp8_compat import install
+
+    return install(mode)
+
+
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. Idempotent; safe in every vLLM process and on every platform.
 
-    Raises ``ValueError`` when ``TRITON_MLA_SPARSE_PRIORITY`` or ``TRITON_MLA_SPARSE_INDEXER`` holds a value outside
-    its modes; logs any other failure and returns."""
+    Raises ``ValueError`` when ``TRITON_MLA_SPARSE_PRIORITY``, ``TRITON_MLA_SPARSE_INDEXER`` or
+    ``TRITON_MLA_SPARSE_SOFT_FP8`` holds a value outside its modes; logs any other failure and returns."""
     priority_mode()  # a bad value stops here, before anything is registered
     indexer_mode()
+    soft_fp8_mode()
     try:
         _register_name()
     except Exception:  # never take vLLM's start-up down with us
@@ -227,3 +245,7 @@ def register() -> None:
         install_indexer()
     except Exception:
         logger.exception("triton-mla-sparse: could not register the Triton DSA indexer; vLLM's own indexer stays")
+    try:
+        install_soft_fp8()
+    except Exception:
+        logger.exception("triton-mla-sparse: could not route vLLM's DSA fp8 casts through software; they stay native")

@@ -4,14 +4,17 @@ Everything the backend accepts is derived from :mod:`triton_mla_sparse.capabilit
 own up-front check (``sparse_mla_attention``) reads: compute capabilities, q dtypes, head sizes (``D_v`` + each
 ``D_rope``), the model limits (``kv_lora_rank``, ``qk_rope_head_dim``, ``index_topk``, heads per GPU).
 
-The two environment variables are read through :func:`env_mode` only. Unset or empty means the default mode;
+The three environment variables are read through :func:`env_mode` only. Unset or empty means the default mode;
 the value is compared without case or surrounding spaces; any other value raises ``ValueError`` naming the variable
 and its modes (so :func:`~triton_mla_sparse.integrations.vllm.register` stops vLLM's start-up with that message):
 
 * ``TRITON_MLA_SPARSE_PRIORITY`` = ``default`` | ``first`` | ``off`` (``auto`` is read as ``default``): where
   :func:`policy_index` puts the backend in vLLM's CUDA sparse-MLA list;
 * ``TRITON_MLA_SPARSE_INDEXER`` = ``auto`` | ``always`` | ``off``: whether the Triton DSA indexer replaces vLLM's
-  (see :mod:`triton_mla_sparse.integrations.vllm.indexer`).
+  (see :mod:`triton_mla_sparse.integrations.vllm.indexer`);
+* ``TRITON_MLA_SPARSE_SOFT_FP8`` = ``auto`` | ``always`` | ``off``: whether vLLM's DSA Triton kernels cast to e4m3
+  in software (``auto``: builds for CUDA targets below sm89; ``always``: every CUDA target; see
+  :mod:`triton_mla_sparse.integrations.vllm.fp8_compat`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ __all__ = [
     "PRIORITY_MODES",
     "INDEXER_ENV",
     "INDEXER_MODES",
+    "SOFT_FP8_ENV",
+    "SOFT_FP8_MODES",
     "SM120_PEER",
     "SUPPORTED_DTYPES",
     "SUPPORTED_KV_CACHE_DTYPES",
@@ -39,6 +44,7 @@ __all__ = [
     "env_mode",
     "priority_mode",
     "indexer_mode",
+    "soft_fp8_mode",
     "model_reasons",
     "static_reasons",
     "policy_index",
@@ -53,9 +59,12 @@ PRIORITY_ENV = "TRITON_MLA_SPARSE_PRIORITY"
 PRIORITY_MODES = ("default", "first", "off")
 INDEXER_ENV = "TRITON_MLA_SPARSE_INDEXER"
 INDEXER_MODES = ("auto", "always", "off")
+SOFT_FP8_ENV = "TRITON_MLA_SPARSE_SOFT_FP8"
+SOFT_FP8_MODES = ("auto", "always", "off")
 _ENV_MODES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     PRIORITY_ENV: (PRIORITY_MODES, {"auto": "default"}),
     INDEXER_ENV: (INDEXER_MODES, {}),
+    SOFT_FP8_ENV: (SOFT_FP8_MODES, {}),
 }
 #: The one vLLM sparse backend that precedes ours on SM 12.x.
 SM120_PEER = "FLASHINFER_MLA_SPARSE_SM120"
@@ -80,7 +89,8 @@ logger = logging.getLogger("vllm.plugins.triton_mla_sparse")
 
 
 def env_mode(name: str) -> str:
-    """The mode set by environment variable ``name`` (:data:`PRIORITY_ENV` or :data:`INDEXER_ENV`); see the module
+    """The mode set by environment variable ``name`` (:data:`PRIORITY_ENV`, :data:`INDEXER_ENV` or
+    :data:`SOFT_FP8_ENV`); see the module
     docstring. Raises ``ValueError`` for a value that is not one of the variable's modes."""
     modes, aliases = _ENV_MODES[name]
     raw = os.environ.get(name, "").strip().lower()
@@ -100,6 +110,11 @@ def priority_mode() -> str:
 def indexer_mode() -> str:
     """The indexer mode from ``TRITON_MLA_SPARSE_INDEXER`` (:func:`env_mode`)."""
     return env_mode(INDEXER_ENV)
+
+
+def soft_fp8_mode() -> str:
+    """The software-e4m3 mode from ``TRITON_MLA_SPARSE_SOFT_FP8`` (:func:`env_mode`)."""
+    return env_mode(SOFT_FP8_ENV)
 
 
 def model_reasons(*, kv_lora_rank: int, qk_rope_head_dim: int, index_topk: int | None = 2048,
