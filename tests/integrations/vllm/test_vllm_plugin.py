@@ -294,3 +294,35 @@ def test_policy_and_select_paths_import_no_vllm():
             "triton_mla_sparse.integrations.vllm.select; print('triton' in sys.modules, 'vllm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
+
+
+_UNPICKLE_ONLY = (
+    "import pickle, sys\n"
+    "cfg = pickle.loads(sys.stdin.buffer.read())\n"
+    "print(cfg.backend.name, cfg.backend.get_class().get_name())\n"
+)
+
+
+def test_backend_member_survives_vllms_spawned_engine_core(cuda_platform_module):
+    """vLLM's engine core (``vllm serve``) is a spawned process that unpickles the config before it loads plugins:
+    the member must unpickle in an interpreter that has not run ``register()`` (seen failing on the H200 before)."""
+    import pickle
+
+    from vllm.config import AttentionConfig
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    plugin.register()
+    cfg = AttentionConfig(backend="TRITON_MLA_SPARSE")
+    run = functools.partial(subprocess.run, [sys.executable, "-c", _UNPICKLE_ONLY], capture_output=True, timeout=300)
+    done = run(input=pickle.dumps(cfg))
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().split()[-2:] == ["TRITON_MLA_SPARSE", "TRITON_MLA_SPARSE"]
+    # What the same pickle was before: the member by value, which a fresh process cannot resolve.
+    member = AttentionBackendEnum["TRITON_MLA_SPARSE"]
+    assert b"backend_member" in pickle.dumps(cfg)
+    del member.__reduce_ex__
+    try:
+        failed = run(input=pickle.dumps(cfg))
+    finally:
+        member.__reduce_ex__ = plugin._reduce_member
+    assert failed.returncode != 0 and b"is not a valid AttentionBackendEnum" in failed.stderr

@@ -63,7 +63,7 @@ from .policy import (
     soft_fp8_mode,
 )
 
-__all__ = ["register", "install_priority_hook", "install_indexer", "install_soft_fp8"]
+__all__ = ["register", "backend_member", "install_priority_hook", "install_indexer", "install_soft_fp8"]
 
 #: Parameters of ``vllm.platforms.cuda._get_backend_priorities`` in vLLM 0.33.
 EXPECTED_PRIORITY_PARAMS = (
@@ -94,6 +94,22 @@ def _register_name() -> None:
     else:
         # Always with class_path: the decorator form would collide with TORCH_SDPA's "" value.
         register_backend(BACKEND_NAME, BACKEND_CLASS_PATH)
+    # vLLM's spawned engine core unpickles its config before it loads plugins; by value the new member would not
+    # exist there ("... is not a valid AttentionBackendEnum"), so it pickles as a call that registers it first.
+    AttentionBackendEnum[BACKEND_NAME].__reduce_ex__ = _reduce_member
+
+
+def backend_member() -> Any:
+    """``AttentionBackendEnum.TRITON_MLA_SPARSE``, registered first if this process has not loaded the plugin."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    if BACKEND_NAME not in AttentionBackendEnum.__members__:
+        _register_name()
+    return AttentionBackendEnum[BACKEND_NAME]
+
+
+def _reduce_member(protocol: int) -> tuple[Callable[[], Any], tuple[()]]:
+    return backend_member, ()
 
 
 def _cuda_platform_module() -> ModuleType | None:
