@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--variants", default="dsv32-h128,dsv32-h16,glm5-h8")
     c.add_argument("--modes", default="eager,graphs")
     c.add_argument("--only", default="", help="regex: run only the specs whose name matches")
+    c.add_argument("--from-runs", type=Path, default=None,
+                   help="rebuild the section from an earlier run's worker results (DIR/runs) instead of running; "
+                        "the environment is read from DIR/correctness.json")
     s = sub.add_parser("serving", help="serving figures, one engine at a time (DIR/serving.json)")
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--variants", default="dsv32-h16,dsv32-h128")
@@ -77,14 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     from .results import correctness_rows, serving_rows
 
     a.out.mkdir(parents=True, exist_ok=True)
-    env = {"gpu": _gpu(), "versions": _versions()}
+    env = {} if getattr(a, "from_runs", None) else {"gpu": _gpu(), "versions": _versions()}
     if a.cmd == "correctness":
         specs, pairs = correctness_specs(str(a.out / "models"), variants=tuple(a.variants.split(",")),
                                          modes=tuple(a.modes.split(",")))
         if a.only:
             specs = [sp for sp in specs if re.search(a.only, sp["name"])]
         specs.sort(key=lambda sp: ("h128" not in sp["name"], sp["mode"] != "graphs"))  # longest first
-        results = run_pool(specs, a.out / "runs", parallel=a.parallel, timeout_s=a.timeout, budget_s=a.budget)
+        if a.from_runs is not None:
+            results = {sp["name"]: json.loads((a.from_runs / "runs" / f"{sp['name']}.json").read_text())
+                       for sp in specs if (a.from_runs / "runs" / f"{sp['name']}.json").exists()}
+            env = json.loads((a.from_runs / "correctness.json").read_text())["environment"]
+        else:
+            results = run_pool(specs, a.out / "runs", parallel=a.parallel, timeout_s=a.timeout, budget_s=a.budget)
         names = set(results)
         pairs = [pr for pr in pairs if pr["ours"] in names and pr["peer"] in names]
         section = {"environment": env, "correctness": correctness_rows(pairs, results)}

@@ -59,6 +59,20 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
                 for ours, indexer in ((f"{tag}-ours", "vllm"), (f"{tag}-ours-ti", "ours")):
                     pairs.append({"kind": "vs_peer", "variant": variant, "mode": mode, "kv_cache_dtype": kv,
                                   "indexer": indexer, "ours": ours, "peer": f"{tag}-peer"})
+    # Baselines: how far vLLM's own backend (and ours) drift from themselves between eager and CUDA-graph mode, and
+    # what the cache dtype and the indexer alone change, on the same prompts and weights.
+    if {"eager", "graphs"} <= set(modes):
+        for variant in variants:
+            for kv in PEERS:
+                for who in ("peer", "ours"):
+                    pairs.append({"kind": f"{who}_eager_vs_graphs", "variant": variant, "mode": "eager~graphs",
+                                  "kv_cache_dtype": kv, "indexer": "vllm", "ours": f"{variant}-eager-{kv}-{who}",
+                                  "peer": f"{variant}-graphs-{kv}-{who}"})
+    for variant in variants:
+        for mode in modes:
+            pairs.append({"kind": "peer_fp8_vs_peer_bf16", "variant": variant, "mode": mode,
+                          "kv_cache_dtype": "fp8_ds_mla~bfloat16", "indexer": "vllm",
+                          "ours": f"{variant}-{mode}-fp8_ds_mla-peer", "peer": f"{variant}-{mode}-bfloat16-peer"})
     if "dsv32-h16" in variants and "graphs" in modes:
         v, m = "dsv32-h16", "graphs"
         rep = dict(prompt_kind="repetitive", prompts=[300, 2500, 5000], max_tokens=96)

@@ -110,11 +110,11 @@ def serving_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def summary_table(doc: dict[str, Any]) -> str:
+def summary_table(doc: dict[str, Any], kinds: tuple[str, ...] = ("vs_peer",)) -> str:
     """Markdown for the README: per model, cache and indexer, ours vs vLLM's backend in eager and CUDA-graph mode —
     prompts whose greedy tokens are identical, the shortest identical prefix and the worst first-token logprob
     difference."""
-    rows = [r for r in doc.get("correctness", []) if r["kind"] == "vs_peer"]
+    rows = [r for r in doc.get("correctness", []) if r["kind"] in kinds]
     if not rows:
         return "(no correctness rows)"
     lines = ["| model | cache (peer) | indexer | mode | identical outputs | shortest identical prefix | "
