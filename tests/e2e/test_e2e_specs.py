@@ -104,3 +104,13 @@ def test_run_pool_records_failures(tmp_path):
     assert out["cpu-run"]["ok"] is False and out["cpu-run"]["error"]
     assert json.loads((tmp_path / "runs" / "cpu-run.spec.json").read_text()) == spec
     assert "cpu-run" in (tmp_path / "log").read_text()
+
+
+def test_committed_results_files_validate():
+    from pathlib import Path
+
+    files = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results").glob("e2e-*.json"))
+    assert files, "no committed e2e results file"
+    for path in files:
+        doc = validate_results(json.loads(path.read_text()))
+        assert doc["correctness"] and doc["serving"] and "soak" in doc
