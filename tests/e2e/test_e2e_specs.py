@@ -72,7 +72,7 @@ def test_rows_merge_and_tables(tmp_path):
     uses_broken = [broken in (p["ours"], p["peer"]) for p in pairs]
     assert [not r["ok"] for r in rows] == uses_broken and sum(uses_broken) >= 2
     assert all(r["all_identical"] and r["same_weights"] for r in rows if r["ok"])
-    assert rows[-1]["calls"] == {"prefill_calls": 2}
+    assert [r for r in rows if r["kind"] == "vs_peer"][-1]["calls"] == {"prefill_calls": 2}
     serve = {"serve-a": {"ok": True, "spec": specs[0], "start_s": 1.0,
                          "serving": [{"context": 8192, "ttft_ms": 5.0, "tpot_ms": 1.0, "decode_tok_s": 900.0,
                                       "batch": 32, "batch_latency_s": 2.0}]}}
