@@ -119,7 +119,7 @@ def run_pool(specs: list[dict], out_dir: Path, *, parallel: int, timeout_s: floa
     timeout is a result with ``ok: False``; a spec not started within ``budget_s`` is a result ``not run``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pending = list(specs)
-    running: dict[str, tuple[subprocess.Popen, float, Path]] = {}
+    running: dict[str, tuple[subprocess.Popen, float, Path, Any]] = {}
     results: dict[str, dict] = {}
     start = time.time()
     env = {**os.environ, "PYTHONPATH": f"{BENCH_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
@@ -133,19 +133,21 @@ def run_pool(specs: list[dict], out_dir: Path, *, parallel: int, timeout_s: floa
             spec_path = out_dir / f"{spec['name']}.spec.json"
             spec_path.write_text(json.dumps(spec, indent=1))
             res_path = out_dir / f"{spec['name']}.json"
+            res_path.unlink(missing_ok=True)  # a result left by an earlier run must not stand for this one
             logf = open(out_dir / f"{spec['name']}.log", "w")
             proc = subprocess.Popen([sys.executable, "-m", "e2e.worker", str(spec_path), str(res_path)],
                                     cwd=BENCH_DIR, env=env, stdout=logf, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-            running[spec["name"]] = (proc, time.time(), res_path)
+            running[spec["name"]] = (proc, time.time(), res_path, logf)
         time.sleep(2)
-        for name, (proc, t0, res_path) in list(running.items()):
+        for name, (proc, t0, res_path, logf) in list(running.items()):
             if proc.poll() is None and time.time() - t0 < timeout_s:
                 continue
             if proc.poll() is None:
                 os.killpg(proc.pid, 9)
                 proc.wait()
             del running[name]
+            logf.close()
             try:
                 results[name] = json.loads(res_path.read_text())
             except (OSError, ValueError):

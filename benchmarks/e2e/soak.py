@@ -65,8 +65,12 @@ def judge(soak: list[dict[str, Any]], alone: dict[int, dict[str, Any]], *, margi
         else:
             mismatch += 1
             worst.append({"id": s["id"], "prefix": agree["prefix"], "generated": agree["generated"], "margin": m})
+    margins = sorted((w["margin"] for w in worst if w["margin"] is not None), reverse=True)
+    worst.sort(key=lambda w: -1.0 if w["margin"] is None else w["margin"], reverse=True)
     return {"compared": len(soak), "identical": identical, "near_tie": near_tie, "mismatch": mismatch,
-            "mismatches": worst[:20], "margin": margin}
+            "mismatches": worst[:20], "margin": margin, "mismatch_margin_max": margins[0] if margins else None,
+            "mismatch_margin_median": margins[len(margins) // 2] if margins else None,
+            "mismatch_without_margin": sum(w["margin"] is None for w in worst)}
 
 
 class Server:

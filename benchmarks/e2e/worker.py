@@ -71,7 +71,7 @@ class CallCounter:
 
     def __init__(self) -> None:
         self.stats = {"decode_calls": 0, "prefill_calls": 0, "rows": 0, "max_valid_prefill": 0,
-                      "max_valid_decode": 0, "captured_calls": 0}
+                      "max_valid_decode": 0, "captured_calls": 0, "prefill_log": []}
 
     def install(self) -> None:
         import torch
@@ -88,7 +88,11 @@ class CallCounter:
             if torch.cuda.is_current_stream_capturing():
                 stats["captured_calls"] += 1
             elif valid_counts is not None and valid_counts.numel():
-                stats[f"max_valid_{kind}"] = max(stats[f"max_valid_{kind}"], int(valid_counts.max()))
+                most = int(valid_counts.max())
+                stats[f"max_valid_{kind}"] = max(stats[f"max_valid_{kind}"], most)
+                if kind == "prefill" and len(stats["prefill_log"]) < 64:  # per call: rows, full rows, most valid
+                    full = int((valid_counts >= topk_indices.shape[-1]).sum())
+                    stats["prefill_log"].append([int(topk_indices.shape[0]), full, most])
             return original(impl, q, kv_cache, topk_indices, valid_counts, **kw)
 
         TritonMLASparseImpl._forward_mqa_kernel = counted
@@ -101,7 +105,8 @@ class IndexerShadow:
     def __init__(self) -> None:
         self.rows: list[tuple[list[int], list[int]]] = []
         self.steps = 0
-        self.max_rows = 4096
+        self.max_rows = 8192
+        self.rows_per_step = 128  # spread over steps (every prefill chunk and decode step), not the first chunk only
         self.errors: list[str] = []
 
     def install(self) -> None:
@@ -139,6 +144,8 @@ class IndexerShadow:
             mine = mine_buf[:n]
             topk = int(a["topk_tokens"])
             full = ((theirs >= 0).sum(dim=1) >= topk).nonzero().flatten()  # rows where the top-k selects
+            if full.numel() > shadow.rows_per_step:  # evenly spaced rows of this step
+                full = full[torch.linspace(0, full.numel() - 1, shadow.rows_per_step).long().to(full.device)]
             for r in full.tolist()[: shadow.max_rows - len(shadow.rows)]:
                 shadow.rows.append((theirs[r].tolist(), mine[r].tolist()))
             shadow.steps += 1
@@ -186,7 +193,7 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
             margins.append(top[0] - top[1] if len(top) > 1 else None)
         rows.append({"length": len(p), "tokens": list(c.token_ids), "first_logprobs": first,
                      "top2_margins": margins})
-    result = {**meta, "generate_s": gen_s, "prompts": rows}
+    result = {**meta, "generate_s": gen_s, "prompts": rows, "soft_fp8": _soft_fp8_state()}
     if counter:
         result["calls"] = counter.stats
     if shadow:
@@ -195,6 +202,13 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
     if spec_stats:
         result["speculative"] = spec_stats
     return result
+
+
+def _soft_fp8_state() -> dict[str, Any]:
+    """Whether this process routed vLLM's DSA fp8 casts through the software encode (SM80/86 path)."""
+    from triton_mla_sparse.integrations.vllm import fp8_compat
+
+    return {"installed": fp8_compat.installed(), "mode": fp8_compat.state.mode}
 
 
 def _spec_decode_stats(llm) -> dict[str, Any] | None:
@@ -215,7 +229,7 @@ def serving(spec: dict[str, Any]) -> dict[str, Any]:
     """Per context C in the spec: TTFT = latency of one C-token request producing 1 token; TPOT = (latency of one
     request producing ``new_tokens + 1`` tokens - TTFT) / new_tokens; decode tokens/s = B · new_tokens /
     (time of B concurrent C-token requests producing new_tokens + 1 tokens - their time for 1 token). Medians of
-    ``repeats``; one untimed warm-up per shape."""
+    ``repeats`` timed runs; one untimed warm-up per shape."""
     import statistics
 
     from vllm import SamplingParams
@@ -246,6 +260,8 @@ def serving(spec: dict[str, Any]) -> dict[str, Any]:
         many = [random_prompt(ctx, seed=ctx + 1 + i) for i in range(batch)]
         b_first = median(many, 1)
         b_all = median(many, new + 1)
+        if not (lat > ttft and b_all > b_first):
+            raise RuntimeError(f"context {ctx}: a longer generation did not take longer; timings are noise")
         rows.append({"context": ctx, "ttft_ms": ttft * 1e3, "tpot_ms": (lat - ttft) / new * 1e3,
                      "batch": batch, "decode_tok_s": batch * new / (b_all - b_first),
                      "batch_latency_s": b_all})

@@ -21,6 +21,7 @@ def test_judge_classifies_divergences():
             {"id": 1, "tokens": [7, 6]}]
     r = judge(soak, alone, margin=0.05)
     assert (r["identical"], r["near_tie"], r["mismatch"], r["compared"]) == (1, 1, 2, 4)
+    assert r["mismatch_margin_max"] == pytest.approx(2.9) and r["mismatches"][0]["margin"] == pytest.approx(2.9)
     assert first_margin_at([{"x": -1.0, "y": -1.5}], 0) == pytest.approx(0.5)
     assert first_margin_at([None], 0) is None and first_margin_at([], 3) is None
 

@@ -102,7 +102,10 @@ def test_run_pool_records_failures(tmp_path):
     spec = base_spec("cpu-run", variant="glm5-h8", backend=OURS, kv="bfloat16", mode="eager",
                      model_root=str(tmp_path / "m"))
     out = run_pool([spec], tmp_path / "runs", parallel=1, timeout_s=120, log=open(tmp_path / "log", "w"))
-    assert out["cpu-run"]["ok"] is False and out["cpu-run"]["error"]
+    error = out["cpu-run"]["error"]
+    assert out["cpu-run"]["ok"] is False
+    # no vLLM here (CPU tier), or vLLM without a GPU: the engine's own error, not one of the harness's
+    assert "No module named 'vllm'" in error or "evice" in error, error
     assert json.loads((tmp_path / "runs" / "cpu-run.spec.json").read_text()) == spec
     assert "cpu-run" in (tmp_path / "log").read_text()
 

@@ -13,6 +13,8 @@ changes how Triton compiles exactly those kernels, without touching vLLM's files
   calls :func:`~triton_mla_sparse._common.fp8.f32_to_e4m3` (integer operations: round to nearest even, saturating
   like ``cvt.rn.satfinite``) through the code generator and bitcasts its bytes; ``float8e4nv`` -> float decodes with
   integer operations (NaN codes stay NaN). Bitcasts, other types and ``fp_downcast_rounding="rtz"`` are untouched.
+  Only ``.to`` casts are routed (``tl.cast`` and implicit casts are not): vLLM 0.33's kernels use ``.to`` only, and
+  the vLLM tier checks that their routed builds hold no e4m3 conversion instruction.
 * ``get_cache_key`` (Triton's on-disk cache key): a routed build's key gets a suffix naming the router's version and
   the helpers' source hashes, so a routed build and a native one (``always`` on an SM 9.0 GPU) never share a cache
   entry, and editing a helper invalidates the routed builds.

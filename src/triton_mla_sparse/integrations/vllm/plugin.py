@@ -234,6 +234,11 @@ def install_soft_fp8() -> bool:
     mode = soft_fp8_mode()
     if mode == "off":
         return False
+    if mode == "auto":
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cuda():  # before importing triton: builds without it must start quietly
+            return False
     from .fp8_compat import install
 
     return install(mode)
