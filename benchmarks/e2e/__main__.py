@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     if a.cmd in ("merge", "tables"):
-        from .results import correctness_table, merge, new_document, serving_table, summary_table
+        from .results import (correctness_table, merge, new_document, readme_correctness_table, readme_serving_table,
+                              serving_table, summary_table)
 
         if a.cmd == "merge":
             first = json.loads(a.sections[0].read_text())
@@ -69,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {a.out}")
         else:
             doc = json.loads(a.results.read_text())
+            print(readme_correctness_table(doc), "\n")
+            print(readme_serving_table(doc), "\n")
             print(summary_table(doc), "\n")
             print(correctness_table(doc), "\n")
             print(serving_table(doc))

@@ -132,3 +132,55 @@ def summary_table(doc: dict[str, Any], kinds: tuple[str, ...] = ("vs_peer",)) ->
                      f"{short['prefix']} of {short['generated']} (prompt {short['length']}) | "
                      f"{_fmt(r['worst_first_logprob_diff'])} |")
     return "\n".join(lines)
+
+
+_LABEL = {"dsv32-h128": "DSV3.2 h128", "dsv32-h16": "DSV3.2 h16", "glm5-h8": "GLM-5 h8"}
+_PEER = {"bfloat16": "FLASH_ATTN_MLA_SPARSE", "fp8_ds_mla": "FLASHMLA_SPARSE"}
+_CACHE = {"bfloat16": "bf16", "fp8_ds_mla": "fp8_ds_mla"}
+
+
+def _pair(doc: dict[str, Any], kind: str, variant: str, kv: str, mode: str | None = None,
+          indexer: str | None = None) -> dict[str, Any] | None:
+    for r in doc.get("correctness", []):
+        if (r["kind"], r["variant"], r["kv_cache_dtype"]) == (kind, variant, kv) and \
+                mode in (None, r["mode"]) and indexer in (None, r["indexer"]):
+            return r
+    return None
+
+
+def _cell(r: dict[str, Any] | None) -> str:
+    if r is None or not r["ok"]:
+        return "—" if r is None else "failed"
+    return f"{r['worst_first_logprob_diff']:.3f} · " + "/".join(str(p["prefix"]) for p in r["prompts"])
+
+
+def readme_correctness_table(doc: dict[str, Any]) -> str:
+    """The README's "Proven in vLLM" agreement table (tests/e2e checks that the README holds it verbatim)."""
+    lines = ["| model | cache, vLLM's backend | ours vs it, eager | ours vs it, CUDA graphs | same with our indexer, "
+             "graphs | it, eager vs graphs | ours, eager vs graphs |", "|---|---|---|---|---|---|---|"]
+    for v in ("dsv32-h128", "dsv32-h16", "glm5-h8"):
+        for kv in ("bfloat16", "fp8_ds_mla"):
+            cells = [_pair(doc, "vs_peer", v, kv, "eager", "vllm"), _pair(doc, "vs_peer", v, kv, "graphs", "vllm"),
+                     _pair(doc, "vs_peer", v, kv, "graphs", "ours"), _pair(doc, "peer_eager_vs_graphs", v, kv),
+                     _pair(doc, "ours_eager_vs_graphs", v, kv)]
+            lines.append(f"| {_LABEL[v]} | {_CACHE[kv]}, {_PEER[kv]} | " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def readme_serving_table(doc: dict[str, Any]) -> str:
+    """The README's serving table."""
+    rows = {(r["variant"], r["backend"], r["kv_cache_dtype"]): r for r in doc.get("serving", [])}
+    lines = ["| model | cache | backend | TTFT 8K / 32K ms | TPOT 8K / 32K ms | decode tok/s, 32 × 8K / 8 × 32K |",
+             "|---|---|---|---|---|---|"]
+    for v in ("dsv32-h16", "dsv32-h128"):
+        for kv in ("bfloat16", "fp8_ds_mla"):
+            for backend in ("TRITON_MLA_SPARSE", _PEER[kv]):
+                r = rows.get((v, backend, kv))
+                if r is None or not r["ok"]:
+                    lines.append(f"| {_LABEL[v]} | {_CACHE[kv]} | {backend} | — | — | — |")
+                    continue
+                c = {x["context"]: x for x in r["contexts"]}
+                lines.append(f"| {_LABEL[v]} | {_CACHE[kv]} | {backend} | {c[8192]['ttft_ms']:.1f} / "
+                             f"{c[32768]['ttft_ms']:.1f} | {c[8192]['tpot_ms']:.2f} / {c[32768]['tpot_ms']:.2f} | "
+                             f"{c[8192]['decode_tok_s']:,.0f} / {c[32768]['decode_tok_s']:,.0f} |")
+    return "\n".join(lines)

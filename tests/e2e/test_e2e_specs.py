@@ -118,3 +118,18 @@ def test_committed_results_files_validate():
     for path in files:
         doc = validate_results(json.loads(path.read_text()))
         assert doc["correctness"] and doc["serving"] and "soak" in doc
+
+
+def test_readme_tables_are_the_committed_results():
+    """The README's "Proven in vLLM" tables are generated from the newest committed results file, not retyped."""
+    from pathlib import Path
+
+    from e2e.results import readme_correctness_table, readme_serving_table
+
+    root = Path(__file__).resolve().parents[2]
+    newest = sorted((root / "benchmarks" / "results").glob("e2e-*.json"))[-1]
+    doc = json.loads(newest.read_text())
+    readme = (root / "README.md").read_text()
+    assert newest.name in readme
+    assert readme_correctness_table(doc) in readme
+    assert readme_serving_table(doc) in readme
