@@ -13,13 +13,10 @@ from typing import Any
 
 from .models import VARIANTS
 from .prompts import CORRECTNESS_LENGTHS
-from .schema import validate_spec
+from .schema import OURS, PEERS, validate_spec
 
 BENCH_DIR = Path(__file__).resolve().parent.parent  # benchmarks/: the worker runs as ``python -m e2e.worker``
 
-OURS = "TRITON_MLA_SPARSE"
-#: Peer of ours per cache dtype: vLLM 0.33's own sparse backend on SM90 for that cache.
-PEERS = {"bfloat16": "FLASH_ATTN_MLA_SPARSE", "fp8_ds_mla": "FLASHMLA_SPARSE"}
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
@@ -44,7 +41,13 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
     (DeepGEMM on SM90; eager runs also shadow it with ours) and ours with ours forced; on dsv32-h16 with CUDA
     graphs also the n-gram speculator (ours, the peer, and ours without it on the same repetitive prompts) and the
     software e4m3 path of SM80/86 forced (``TRITON_MLA_SPARSE_SOFT_FP8=always``)."""
-    specs, pairs = [], []
+    specs: list[dict] = []
+    pairs: list[dict] = []
+
+    def pair(kind: str, ours: str, peer: str, *, variant: str, mode: str, kv: str, indexer: str = "vllm") -> None:
+        pairs.append({"kind": kind, "variant": variant, "mode": mode, "kv_cache_dtype": kv, "indexer": indexer,
+                      "ours": ours, "peer": peer})
+
     for variant in variants:
         for mode in modes:
             for kv, peer in PEERS.items():
@@ -57,22 +60,19 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
                                        model_root=model_root, count_calls=True,
                                        env={"TRITON_MLA_SPARSE_INDEXER": "always"}))
                 for ours, indexer in ((f"{tag}-ours", "vllm"), (f"{tag}-ours-ti", "ours")):
-                    pairs.append({"kind": "vs_peer", "variant": variant, "mode": mode, "kv_cache_dtype": kv,
-                                  "indexer": indexer, "ours": ours, "peer": f"{tag}-peer"})
+                    pair("vs_peer", ours, f"{tag}-peer", variant=variant, mode=mode, kv=kv, indexer=indexer)
     # Baselines: how far vLLM's own backend (and ours) drift from themselves between eager and CUDA-graph mode, and
     # what the cache dtype and the indexer alone change, on the same prompts and weights.
     if {"eager", "graphs"} <= set(modes):
         for variant in variants:
             for kv in PEERS:
                 for who in ("peer", "ours"):
-                    pairs.append({"kind": f"{who}_eager_vs_graphs", "variant": variant, "mode": "eager~graphs",
-                                  "kv_cache_dtype": kv, "indexer": "vllm", "ours": f"{variant}-eager-{kv}-{who}",
-                                  "peer": f"{variant}-graphs-{kv}-{who}"})
+                    pair(f"{who}_eager_vs_graphs", f"{variant}-eager-{kv}-{who}", f"{variant}-graphs-{kv}-{who}",
+                         variant=variant, mode="eager~graphs", kv=kv)
     for variant in variants:
         for mode in modes:
-            pairs.append({"kind": "peer_fp8_vs_peer_bf16", "variant": variant, "mode": mode,
-                          "kv_cache_dtype": "fp8_ds_mla~bfloat16", "indexer": "vllm",
-                          "ours": f"{variant}-{mode}-fp8_ds_mla-peer", "peer": f"{variant}-{mode}-bfloat16-peer"})
+            pair("peer_fp8_vs_peer_bf16", f"{variant}-{mode}-fp8_ds_mla-peer", f"{variant}-{mode}-bfloat16-peer",
+                 variant=variant, mode=mode, kv="fp8_ds_mla~bfloat16")
     if "dsv32-h16" in variants and "graphs" in modes:
         v, m = "dsv32-h16", "graphs"
         rep = dict(prompt_kind="repetitive", prompts=[300, 2500, 5000], max_tokens=96)
@@ -82,17 +82,16 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
                                model_root=model_root, speculative=NGRAM, count_calls=True, **rep))
         specs.append(base_spec(f"{v}-{m}-bfloat16-ours-rep", variant=v, backend=OURS, kv="bfloat16", mode=m,
                                model_root=model_root, **rep))
-        pairs.append({"kind": "speculative_vs_peer", "variant": v, "mode": m, "kv_cache_dtype": "bfloat16",
-                      "indexer": "vllm", "ours": f"{v}-{m}-bfloat16-ours-ngram", "peer": f"{v}-{m}-bfloat16-peer-ngram"})
-        pairs.append({"kind": "speculative_vs_plain", "variant": v, "mode": m, "kv_cache_dtype": "bfloat16",
-                      "indexer": "vllm", "ours": f"{v}-{m}-bfloat16-ours-ngram", "peer": f"{v}-{m}-bfloat16-ours-rep"})
+        pair("speculative_vs_peer", f"{v}-{m}-bfloat16-ours-ngram", f"{v}-{m}-bfloat16-peer-ngram",
+             variant=v, mode=m, kv="bfloat16")
+        pair("speculative_vs_plain", f"{v}-{m}-bfloat16-ours-ngram", f"{v}-{m}-bfloat16-ours-rep",
+             variant=v, mode=m, kv="bfloat16")
         for kv in PEERS:
             name = f"{v}-{m}-{kv}-ours-ti-softfp8"
             specs.append(base_spec(name, variant=v, backend=OURS, kv=kv, mode=m, model_root=model_root,
                                    count_calls=True, env={"TRITON_MLA_SPARSE_INDEXER": "always",
                                                           "TRITON_MLA_SPARSE_SOFT_FP8": "always"}))
-            pairs.append({"kind": "soft_fp8_vs_native", "variant": v, "mode": m, "kv_cache_dtype": kv,
-                          "indexer": "ours", "ours": name, "peer": f"{v}-{m}-{kv}-ours-ti"})
+            pair("soft_fp8_vs_native", name, f"{v}-{m}-{kv}-ours-ti", variant=v, mode=m, kv=kv, indexer="ours")
     names = [s["name"] for s in specs]
     if len(set(names)) != len(names):
         raise AssertionError("duplicate run names")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .compare import compare_runs
-from .schema import SCHEMA_VERSION, validate_results
+from .schema import OURS, PEERS, SCHEMA_VERSION, validate_results
 
 
 def correctness_rows(pairs: list[dict], results: dict[str, dict]) -> list[dict]:
@@ -119,9 +119,8 @@ def summary_table(doc: dict[str, Any], kinds: tuple[str, ...] = ("vs_peer",)) ->
         return "(no correctness rows)"
     lines = ["| model | cache (peer) | indexer | mode | identical outputs | shortest identical prefix | "
              "max Δ logprob, 1st token |", "|---|---|---|---|---|---|---|"]
-    peers = {"bfloat16": "FLASH_ATTN_MLA_SPARSE", "fp8_ds_mla": "FLASHMLA_SPARSE"}
     for r in rows:
-        cache = f"{r['kv_cache_dtype']} ({peers.get(r['kv_cache_dtype'], '?')})"
+        cache = f"{r['kv_cache_dtype']} ({PEERS.get(r['kv_cache_dtype'], '?')})"
         indexer = "DeepGEMM (vLLM)" if r["indexer"] == "vllm" else "ours"
         if not r["ok"]:
             lines.append(f"| {r['variant']} | {cache} | {indexer} | {r['mode']} | failed | | |")
@@ -135,7 +134,6 @@ def summary_table(doc: dict[str, Any], kinds: tuple[str, ...] = ("vs_peer",)) ->
 
 
 _LABEL = {"dsv32-h128": "DSV3.2 h128", "dsv32-h16": "DSV3.2 h16", "glm5-h8": "GLM-5 h8"}
-_PEER = {"bfloat16": "FLASH_ATTN_MLA_SPARSE", "fp8_ds_mla": "FLASHMLA_SPARSE"}
 _CACHE = {"bfloat16": "bf16", "fp8_ds_mla": "fp8_ds_mla"}
 
 
@@ -163,7 +161,7 @@ def readme_correctness_table(doc: dict[str, Any]) -> str:
             cells = [_pair(doc, "vs_peer", v, kv, "eager", "vllm"), _pair(doc, "vs_peer", v, kv, "graphs", "vllm"),
                      _pair(doc, "vs_peer", v, kv, "graphs", "ours"), _pair(doc, "peer_eager_vs_graphs", v, kv),
                      _pair(doc, "ours_eager_vs_graphs", v, kv)]
-            lines.append(f"| {_LABEL[v]} | {_CACHE[kv]}, {_PEER[kv]} | " + " | ".join(_cell(c) for c in cells) + " |")
+            lines.append(f"| {_LABEL[v]} | {_CACHE[kv]}, {PEERS[kv]} | " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -174,7 +172,7 @@ def readme_serving_table(doc: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|"]
     for v in ("dsv32-h16", "dsv32-h128"):
         for kv in ("bfloat16", "fp8_ds_mla"):
-            for backend in ("TRITON_MLA_SPARSE", _PEER[kv]):
+            for backend in (OURS, PEERS[kv]):
                 r = rows.get((v, backend, kv))
                 if r is None or not r["ok"]:
                     lines.append(f"| {_LABEL[v]} | {_CACHE[kv]} | {backend} | — | — | — |")

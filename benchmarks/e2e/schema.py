@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 SCHEMA_VERSION = 1
-BACKENDS = ("TRITON_MLA_SPARSE", "FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE")
+OURS = "TRITON_MLA_SPARSE"
+#: vLLM 0.33's own sparse backend on SM90 per cache dtype, the peer of ours for that cache (and the only one it reads).
+PEERS = {"bfloat16": "FLASH_ATTN_MLA_SPARSE", "fp8_ds_mla": "FLASHMLA_SPARSE"}
+BACKENDS = (OURS, *PEERS.values())
 KV_CACHE_DTYPES = ("bfloat16", "fp8_ds_mla")
 MODES = ("eager", "graphs")
 TASKS = ("generate", "serving")
@@ -40,10 +43,9 @@ def validate_spec(spec: dict[str, Any]) -> dict[str, Any]:
                          ("mode", MODES), ("variant", tuple(VARIANTS))):
         if spec[key] not in allowed:
             raise ValueError(f"spec field {key!r} must be one of {allowed}, got {spec[key]!r}")
-    if spec["backend"] == "FLASHMLA_SPARSE" and spec["kv_cache_dtype"] != "fp8_ds_mla":
-        raise ValueError("spec: FLASHMLA_SPARSE decodes only fp8_ds_mla caches")
-    if spec["backend"] == "FLASH_ATTN_MLA_SPARSE" and spec["kv_cache_dtype"] != "bfloat16":
-        raise ValueError("spec: FLASH_ATTN_MLA_SPARSE reads only bf16 caches")
+    for kv, peer in PEERS.items():
+        if spec["backend"] == peer and spec["kv_cache_dtype"] != kv:
+            raise ValueError(f"spec: {peer} reads only {kv} caches here, got {spec['kv_cache_dtype']!r}")
     if spec["task"] == "generate":
         _need(spec, _GENERATE_FIELDS, "generate spec")
         if spec["max_tokens"] < 1 or any(not isinstance(n, int) or n < 1 for n in spec["prompts"]):
