@@ -72,14 +72,19 @@ def compare_runs(ours: Mapping[str, Any], peer: Mapping[str, Any]) -> dict[str, 
 
 
 def divergence_is_a_near_tie(tokens_a: Sequence[int], tokens_b: Sequence[int],
-                             logprobs_a: Sequence[Mapping[int, float]], *, margin: float) -> bool | None:
+                             logprobs_a: Sequence[Mapping[Any, float] | None], *, margin: float) -> bool | None:
     """Whether two greedy outputs first differ where run A's two best tokens were within ``margin`` nats (a near tie,
     which reordered float sums can flip); None when the outputs are identical."""
     agree = token_agreement(tokens_a, tokens_b)
     if agree["identical"]:
         return None
-    i = agree["prefix"]
-    if i >= len(logprobs_a):
-        return False
-    top = sorted((float(v) for v in logprobs_a[i].values()), reverse=True)
-    return len(top) >= 2 and top[0] - top[1] <= margin
+    m = margin_at(logprobs_a, agree["prefix"])
+    return m is not None and m <= margin
+
+
+def margin_at(logprobs: Sequence[Mapping[Any, float] | None], i: int) -> float | None:
+    """The gap between the best two logprobs at position ``i`` (None when not recorded or fewer than two)."""
+    if i >= len(logprobs) or not logprobs[i]:
+        return None
+    top = sorted((float(v) for v in logprobs[i].values()), reverse=True)
+    return top[0] - top[1] if len(top) > 1 else None

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .compare import token_agreement
+from .compare import margin_at, token_agreement
 from .matrix import BENCH_DIR
 from .models import write_model
 from .prompts import random_prompt
@@ -41,14 +41,6 @@ def request_pool(n: int, *, seed: int = 7) -> list[dict[str, Any]]:
              "seed": seed * 100003 + i} for i in range(n)]
 
 
-def first_margin_at(logprobs: list[dict[str, float] | None], i: int) -> float | None:
-    """The gap between the best two logprobs at position ``i`` of a completion's ``top_logprobs``."""
-    if i >= len(logprobs) or not logprobs[i]:
-        return None
-    top = sorted(logprobs[i].values(), reverse=True)
-    return top[0] - top[1] if len(top) > 1 else None
-
-
 def judge(soak: list[dict[str, Any]], alone: dict[int, dict[str, Any]], *, margin: float) -> dict[str, Any]:
     """Compare every soak completion with the same request served alone (see the module docstring)."""
     identical = near_tie = mismatch = 0
@@ -59,7 +51,7 @@ def judge(soak: list[dict[str, Any]], alone: dict[int, dict[str, Any]], *, margi
         if agree["identical"]:
             identical += 1
             continue
-        m = first_margin_at(a["top_logprobs"], agree["prefix"])
+        m = margin_at(a["top_logprobs"], agree["prefix"])
         if m is not None and m <= margin:
             near_tie += 1
         else:

@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from e2e.soak import first_margin_at, judge, request_pool
+from e2e.compare import margin_at
+from e2e.soak import judge, request_pool
 from e2e.weights import param_seed, recompute_mla, reinit_parameters, rule
 
 
@@ -22,8 +23,8 @@ def test_judge_classifies_divergences():
     r = judge(soak, alone, margin=0.05)
     assert (r["identical"], r["near_tie"], r["mismatch"], r["compared"]) == (1, 1, 2, 4)
     assert r["mismatch_margin_max"] == pytest.approx(2.9) and r["mismatches"][0]["margin"] == pytest.approx(2.9)
-    assert first_margin_at([{"x": -1.0, "y": -1.5}], 0) == pytest.approx(0.5)
-    assert first_margin_at([None], 0) is None and first_margin_at([], 3) is None
+    assert margin_at([{"x": -1.0, "y": -1.5}], 0) == pytest.approx(0.5)
+    assert margin_at([None], 0) is None and margin_at([], 3) is None
 
 
 class _Attn(torch.nn.Module):
