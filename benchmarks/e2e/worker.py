@@ -166,6 +166,7 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from .compare import margin_at
     from .prompts import prompt_set
 
     counter = shadow = None
@@ -185,14 +186,10 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for p, o in zip(prompts, outs):
         c = o.outputs[0]
-        lps = c.logprobs or []
-        first = {str(t): float(lp.logprob) for t, lp in (lps[0].items() if lps else [])}
-        margins = []
-        for step in lps:
-            top = sorted((float(lp.logprob) for lp in step.values()), reverse=True)
-            margins.append(top[0] - top[1] if len(top) > 1 else None)
+        steps = [{t: float(lp.logprob) for t, lp in step.items()} for step in (c.logprobs or [])]
+        first = {str(t): v for t, v in (steps[0].items() if steps else [])}
         rows.append({"length": len(p), "tokens": list(c.token_ids), "first_logprobs": first,
-                     "top2_margins": margins})
+                     "top2_margins": [margin_at(steps, i) for i in range(len(steps))]})
     result = {**meta, "generate_s": gen_s, "prompts": rows, "soft_fp8": _soft_fp8_state()}
     if counter:
         result["calls"] = counter.stats
