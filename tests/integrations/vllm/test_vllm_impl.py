@@ -242,3 +242,89 @@ def test_backend_spec_and_metadata_builder(cuda_platform_module, vllm_configs, m
     assert builder.reorder_batch_threshold == 1
     assert builder.topk_tokens == 2048
     assert TritonMLASparseMetadataBuilder.get_cudagraph_support(vc, spec) == AttentionCGSupport.UNIFORM_BATCH
+
+
+# ------------------------------------------------------------------------------------- batch-invariant mode
+
+
+@pytest.fixture
+def batch_invariant_env(monkeypatch):
+    import vllm.envs as envs
+
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    assert envs.VLLM_BATCH_INVARIANT  # read through vLLM's own parser
+    return monkeypatch
+
+
+def test_impl_batch_invariant_declarations(dist_env, batch_invariant_env):
+    """Under VLLM_BATCH_INVARIANT=1: no dense-MHA prefill (vLLM picks it per batch); otherwise it stays."""
+    impl = make_impl("glm5", "auto")
+    assert impl.batch_invariant and impl.supports_dense_mha_prefill is False
+    batch_invariant_env.delenv("VLLM_BATCH_INVARIANT")
+    impl = make_impl("glm5", "auto")
+    assert not impl.batch_invariant and impl.supports_dense_mha_prefill
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_ds_mla"])
+def test_batch_invariant_rows_do_not_depend_on_the_batch(dist_env, batch_invariant_env, monkeypatch,
+                                                         kv_cache_dtype):
+    """Each row's output and lse, computed with the whole batch, equal (bitwise) the row computed alone; the
+    one-program-per-row kernel is the one launched, whatever the batch size."""
+    import triton_mla_sparse.ops.sparse_mla as sm
+
+    kernels = []
+    real = sm.sparse_mla_attention_with_config
+
+    def spy(*args, **kwargs):
+        kernels.append(kwargs.get("kernel"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sm, "sparse_mla_attention_with_config", spy)
+    impl = make_impl("glm5", kv_cache_dtype)
+    impl.need_to_return_lse_for_decode = True
+    case = make_case(kv_cache_dtype, "glm5", T=6, seed=4)
+    kw = dict(layer=case["layer"], block_size=case["block_size"])
+    out, lse = impl._forward_mqa_kernel(case["q"], case["kv_cache"], case["physical"], case["valid_counts"],
+                                        is_decode=True, **kw)
+    check(impl, case, out, lse)
+    q_nope, q_pe = case["q"]
+    for t in range(6):
+        one, one_lse = impl._forward_mqa_kernel((q_nope[t:t + 1], q_pe[t:t + 1]), case["kv_cache"],
+                                                case["physical"][t:t + 1], case["valid_counts"][t:t + 1],
+                                                is_decode=False, **kw)
+        assert torch.equal(one, out[t:t + 1]) and torch.equal(one_lse, lse[t:t + 1]), t
+    assert set(kernels) == {"prefill"}
+
+
+def test_sort_positions_puts_invalid_last():
+    from triton_mla_sparse.integrations.vllm.backend import sort_positions_
+
+    g = torch.Generator().manual_seed(0)
+    buf = torch.full((4, 2048), -1, dtype=torch.int32)
+    for t, n in enumerate((0, 1, 700, 2048)):
+        buf[t, torch.randperm(2048, generator=g)[:n]] = torch.randperm(5000, generator=g)[:n].to(torch.int32)
+    want = [sorted(row[row >= 0].tolist()) for row in buf]
+    view = buf[:, :2048]
+    sort_positions_(view)
+    for t, n in enumerate((0, 1, 700, 2048)):
+        assert buf[t, :n].tolist() == want[t] and (buf[t, n:] == -1).all()
+
+
+def test_forward_mqa_sorts_the_positions_only_when_batch_invariant(dist_env, monkeypatch):
+    """vLLM's forward_mqa reads the shared top-k buffer; in batch-invariant mode ours sorts its rows first."""
+    from vllm.model_executor.layers.attention.sparse_mla_attention import SparseMLACommonImpl
+
+    seen = []
+    monkeypatch.setattr(SparseMLACommonImpl, "forward_mqa",
+                        lambda self, q, kv, md, layer: seen.append(self.topk_indices_buffer.clone()))
+    rows = torch.tensor([[5, -1, 3, 9], [-1, -1, 2, 1], [7, 7, 0, -1]], dtype=torch.int32)
+    q = (torch.zeros(2, 8, 512), torch.zeros(2, 8, 64))
+    for invariant in (False, True):
+        if invariant:
+            monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+        impl = make_impl("glm5", "auto")
+        impl.topk_indices_buffer = rows.clone()
+        impl.forward_mqa(q, None, None, None)
+    assert torch.equal(seen[0], rows)  # untouched outside the mode
+    assert seen[1].tolist() == [[-1 if v is None else v for v in r] for r in
+                                ([3, 5, 9, None], [1, 2, None, None], rows[2].tolist())]

@@ -88,6 +88,13 @@ def test_decide(vi, mode, is_cuda, deep_gemm, want):
     assert use is want and why
 
 
+@pytest.mark.parametrize("mode,is_cuda,want", [("auto", True, True), ("auto", False, False), ("off", True, False)])
+def test_decide_batch_invariant(vi, mode, is_cuda, want):
+    """Under VLLM_BATCH_INVARIANT=1 ``auto`` takes the Triton indexer on CUDA even where DeepGEMM runs."""
+    use, why = vi.decide(mode, is_cuda=is_cuda, deep_gemm=True, batch_invariant=True)
+    assert use is want and why
+
+
 def test_mode_env(vi, monkeypatch):
     monkeypatch.delenv("TRITON_MLA_SPARSE_INDEXER", raising=False)
     assert vi.indexer_mode() == "auto"
@@ -396,3 +403,33 @@ def test_dense_mha_prefill_leaves_the_buffer_alone(vi, vc, monkeypatch):
     with set_forward_context({PREFIX: md, op.dense_mha_metadata_layer_name: mla}, vc):
         out = op(torch.zeros(batch["T"], 16), batch["q"], None, batch["weights"])
     assert_matches_reference(batch, out)
+
+
+def test_batch_invariant_rows_alone_equal_rows_in_a_prefill(vi, vc, monkeypatch):
+    """VLLM_BATCH_INVARIANT=1: indexer_topk runs with deterministic=True, and a prefill chunk's rows select what
+    the same tokens select as one-token decodes (how a preempted request's tokens come back)."""
+    from vllm.forward_context import set_forward_context
+
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    flags = []
+    real = vi.indexer_topk
+
+    def spy(*args, **kwargs):
+        flags.append(kwargs.get("deterministic"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vi, "indexer_topk", spy)
+    batch = make_batch([12], [70], seed=9)
+    op = make_op()
+    op.k_cache.kv_cache = batch["kv_cache"]
+    md = build_metadata(vc, monkeypatch, batch["query_lens"], batch["seq_lens"], batch["block_table"])
+    with set_forward_context({PREFIX: md}, vc):
+        prefill = op(torch.zeros(12, 16), batch["q"], None, batch["weights"])[:12].clone()
+    assert_matches_reference(batch, prefill)
+    for t in range(12):
+        md = build_metadata(vc, monkeypatch, [1], [59 + t], batch["block_table"])
+        with set_forward_context({PREFIX: md}, vc):
+            alone = op(torch.zeros(1, 16), batch["q"][t:t + 1], None, batch["weights"][t:t + 1])[0]
+        assert sorted(alone.tolist()) == sorted(prefill[t].tolist()), t
+    assert flags and all(f is True for f in flags)

@@ -189,3 +189,20 @@ def test_static_reasons_equal_vllm_validation(cuda_platform_module, vllm_configs
                                                 qk_rope_head_dim=shape.qk_rope_head_dim,
                                                 index_topk=shape.index_topk, heads=heads)
                     assert got == want, (cap, head_size, dtype, kv)
+
+
+def test_vllm_validation_under_batch_invariance(cuda_platform_module, vllm_configs):
+    """VLLM_BATCH_INVARIANT=1: vLLM passes use_batch_invariant=True; ours is valid, vLLM 0.33's sparse peers are not
+    (none declares batch invariance)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    assert validate(vllm_configs["dsv32"], device_capability=(9, 0), use_batch_invariant=True) == []
+    args = dict(head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=64, use_mla=True,
+                has_sink=False, use_sparse=True, use_mm_prefix=False, use_per_head_quant_scales=False,
+                device_capability=DeviceCapability(9, 0), attn_type="decoder", use_batch_invariant=True)
+    for peer in ("FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE"):
+        with set_current_vllm_config(vllm_configs["dsv32"]):
+            reasons = AttentionBackendEnum[peer].get_class().validate_configuration(**args)
+        assert "batch invariance not supported" in reasons, (peer, reasons)

@@ -387,3 +387,32 @@ def test_bad_scalars_and_out(fn):
     for bad in (torch.zeros(T, 8, device=DEVICE), torch.zeros(T + 1, 8, dtype=torch.int32, device=DEVICE)):
         with pytest.raises(ValueError, match="^out: expected"):
             mod.indexer_topk(*args(case), 8, out=bad)
+
+
+@pytest.mark.parametrize("q_name", QS)
+def test_deterministic_rows_equal_rows_alone(q_name):
+    """``deterministic=True``: a prefill-shaped call's rows equal (exactly) each row computed alone, also with a
+    wider ``max_len``, and match the reference."""
+    case = make_case(k_fmt="fp8", q_dtype=QS[q_name], Hi=32, lengths=(300, 70, 130), seed=11)
+    T, bs = len(case["positions"]), 16
+    max_len = case["block_table"].shape[1] * bs
+    assert T > case["block_table"].shape[0]  # rows share K tiles without the flag
+    ref = reference.indexer_logits(*args(case), max_len, compute_dtype=torch.float64)
+    both = tms.indexer_topk(*args(case), 64, max_len=max_len, deterministic=True)
+    assert_topk_matches(both, ref, 64, what="deterministic")
+    for t in range(T):
+        one = {k: (v[t:t + 1] if k in ("q", "weights", "req_id_per_token", "positions") else v)
+               for k, v in case.items()}
+        alone = tms.indexer_topk(*args(one), 64, max_len=max_len, deterministic=True)
+        assert torch.equal(alone[0], both[t]), t
+        wider = tms.indexer_topk(*args(one), 64, max_len=max_len + 2 * bs, deterministic=True)
+        assert set(wider[0].tolist()) == set(both[t].tolist()), t
+
+
+def test_deterministic_argument_checks():
+    case = make_case(k_fmt="fp8", Hi=4, lengths=(20,))
+    with pytest.raises(ValueError, match="^select: expected None or 'torch' with deterministic=True"):
+        tms.indexer_topk(*args(case), 8, select="split", deterministic=True)
+    with pytest.raises(ValueError, match="^deterministic: expected a bool"):
+        tms.indexer_topk(*args(case), 8, deterministic=1)
+    assert tms.indexer_topk(*args(case), 8, select="torch", deterministic=True).shape == (len(case["positions"]), 8)

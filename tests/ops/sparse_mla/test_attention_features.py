@@ -550,3 +550,19 @@ def test_many_heads(H, fmt, block_h, kernel):
     out, lse, cfg = run_kernel(prob, kernel, out=nan_out(2, H), return_config=True, **over)
     assert -(-H // cfg.block_h) >= 2
     assert_matches(out, lse, *run_reference(prob), **prob.tol)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_prefill_kernel_rows_do_not_depend_on_the_batch(fmt):
+    """The one-program-per-row kernel (vLLM's batch-invariant mode uses it for every batch): each row's out and lse
+    equal, bitwise, the row computed alone."""
+    prob = make_problem(fmt, 6, 16, 96, 16)
+    out, lse = run_kernel(prob, "prefill")
+    ref_out, ref_lse = run_reference(prob)
+    assert_matches(out, lse, ref_out, ref_lse, **prob.tol, what=fmt)
+    q, idx = prob.q, prob.indices
+    for t in range(6):
+        prob.q, prob.indices = q[t:t + 1], idx[t:t + 1]
+        one, one_lse = run_kernel(prob, "prefill")
+        assert torch.equal(one, out[t:t + 1]) and torch.equal(one_lse, lse[t:t + 1]), (fmt, t)
+    prob.q, prob.indices = q, idx

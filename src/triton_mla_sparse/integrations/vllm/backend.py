@@ -38,6 +38,20 @@ Prefill routing
   ``--attention-config '{"sparse_mla_force_mqa": true}'`` (vLLM's option) sends all prefills through our kernels.
   Decode requests (query length <= the reorder threshold, 1 + speculative tokens) always use our kernels.
 
+Batch invariance (``VLLM_BATCH_INVARIANT=1``)
+  The backend declares ``supports_batch_invariance``: vLLM's mode then asks that every token's output be the same
+  whatever else is in its batch (other requests, chunk boundaries, preemption and recomputation). Three sources of
+  batch dependence are removed in that mode:
+  * the kernel variant and its split count follow the batch shape, so the one-program-per-row ``"prefill"`` kernel
+    (no split of a row's list) serves every batch;
+  * the summation order follows the order of the indexer's positions (any order by contract; the split select's
+    order comes from atomic slot claims), so each row's request-local positions are sorted ascending (-1 last)
+    before vLLM converts them to cache rows (physical rows change when a preempted request is recomputed);
+  * vLLM chooses dense-MHA prefill per batch (by the batch's longest prefill), so a token would take a different
+    arithmetic path in a different batch: the impl declares no dense-MHA prefill and every token runs here.
+  The Triton indexer (chosen in this mode, see :mod:`~triton_mla_sparse.integrations.vllm.indexer`) computes each
+  row alone (``indexer_topk(deterministic=True)``).
+
 Capabilities and limits come from :mod:`triton_mla_sparse.capabilities` through
 :mod:`triton_mla_sparse.integrations.vllm.policy`: vLLM accepts this backend exactly where ``sparse_mla_attention``
 would run. Nothing here touches CUDA at construction: the classes import and construct on a CPU (tests run the impl
@@ -71,6 +85,7 @@ from ...capabilities import Q_DTYPES, supports_capability
 from ...formats import D_ROPE
 from .policy import (
     BACKEND_NAME,
+    batch_invariant,
     KV_CACHE_FORMATS,
     KV_LORA_RANK,
     SUPPORTED_HEAD_SIZES,
@@ -83,6 +98,7 @@ __all__ = [
     "TritonMLASparseMetadataBuilder",
     "TritonMLASparseImpl",
     "KV_CACHE_FORMATS",
+    "sort_positions_",
 ]
 
 
@@ -140,6 +156,11 @@ class TritonMLASparseBackend(AttentionBackend):
         return True
 
     @classmethod
+    def supports_batch_invariance(cls) -> bool:
+        # Row-independent kernels, sorted positions and no dense-MHA prefill under VLLM_BATCH_INVARIANT=1 (above).
+        return True
+
+    @classmethod
     def supports_compute_capability(cls, capability: DeviceCapability) -> bool:
         return supports_capability((capability.major, capability.minor), _rocm_arch())
 
@@ -168,6 +189,15 @@ class TritonMLASparseBackend(AttentionBackend):
                                 index_topk=getattr(hf, "index_topk", None),
                                 heads=model_config.get_num_attention_heads(vllm_config.parallel_config))
         return "; ".join(reasons) if reasons else None
+
+
+_NO_POSITION = torch.iinfo(torch.int32).max
+
+
+def sort_positions_(topk: torch.Tensor) -> None:
+    """Sort each row of int32 request-local positions ascending, -1 entries last, in place (no host sync)."""
+    keyed = torch.where(topk < 0, _NO_POSITION, topk).sort(dim=-1).values
+    topk.copy_(torch.where(keyed == _NO_POSITION, -1, keyed))
 
 
 @dataclass
@@ -244,6 +274,18 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
         self.kv_format = KV_CACHE_FORMATS[kv_cache_dtype]
         # q stays in the model dtype (bf16/fp16); the kernels dequantize fp8 caches themselves.
         self.supports_quant_query_input = False
+        self.batch_invariant = batch_invariant()
+        if self.batch_invariant:
+            # vLLM picks dense-MHA prefill per batch: a token's arithmetic path would depend on its batch.
+            self.supports_dense_mha_prefill = False
+
+    def forward_mqa(self, q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_c_and_k_pe_cache: torch.Tensor,
+                    attn_metadata: TritonMLASparseMetadata, layer: AttentionLayer
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.batch_invariant and self.topk_indices_buffer is not None:
+            num_tokens = q[0].shape[0] if isinstance(q, tuple) else q.shape[0]
+            sort_positions_(self.topk_indices_buffer[:num_tokens])
+        return super().forward_mqa(q, kv_c_and_k_pe_cache, attn_metadata, layer)
 
     def _kv_rows(self, kv_cache: torch.Tensor, block_size: int) -> torch.Tensor:
         """The cache as vLLM's flat rows ``[num_rows, row]``: row ``block · block_stride_rows + offset``."""
@@ -295,6 +337,6 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
             k_scale=self._k_scale(layer, q_nope.device),
             topk_length=valid_counts,
             return_lse=True,
-            kernel="auto",
+            kernel="prefill" if self.batch_invariant else "auto",
         )
         return out, (lse if self.need_to_return_lse_for_decode else None)

@@ -12,7 +12,8 @@ value is a ``ValueError``):
     ``auto`` (default)  the Triton indexer on the CUDA platform when DeepGEMM is not usable — ``has_deep_gemm()`` is
                         False (no package) or the GPU is not one DeepGEMM supports (``support_deep_gemm()``: SM90,
                         SM10x, SM12x). vLLM's wheel vendors DeepGEMM, so ``has_deep_gemm()`` alone is True on
-                        every GPU; on SM8x its kernels then fail at run time.
+                        every GPU; on SM8x its kernels then fail at run time. Also under vLLM's batch-invariant
+                        mode (``VLLM_BATCH_INVARIANT=1``), where each row is then scored and selected alone.
     ``always``          the Triton indexer on every platform (e.g. to compare against DeepGEMM on SM90).
     ``off``             vLLM's indexer unchanged (nothing is registered).
 
@@ -53,7 +54,7 @@ from vllm.utils.torch_utils import LayerNameType, _encode_layer_name, _resolve_l
 
 from ... import indexer_topk
 from ...formats import D_INDEX
-from .policy import INDEXER_ENV, INDEXER_MODES, indexer_mode, logger
+from .policy import INDEXER_ENV, INDEXER_MODES, batch_invariant, indexer_mode, logger
 
 __all__ = [
     "INDEXER_ENV",
@@ -78,6 +79,8 @@ CALL_SITES = (
 _ROUTED_MARK = "_triton_mla_sparse_routed"
 
 _logged: set[str] = set()
+# indexer_topk(deterministic=...) for this process: set when a Triton indexer is built under VLLM_BATCH_INVARIANT=1.
+_DETERMINISTIC = [False]
 
 
 def _log_once(level: int, key: str, msg: str, *args) -> None:
@@ -86,8 +89,9 @@ def _log_once(level: int, key: str, msg: str, *args) -> None:
         logger.log(level, msg, *args)
 
 
-def decide(mode: str, *, is_cuda: bool, deep_gemm: bool) -> tuple[bool, str]:
-    """(use the Triton indexer?, why) for a mode, a platform and whether DeepGEMM is usable. Pure."""
+def decide(mode: str, *, is_cuda: bool, deep_gemm: bool, batch_invariant: bool = False) -> tuple[bool, str]:
+    """(use the Triton indexer?, why) for a mode, a platform, whether DeepGEMM is usable and whether vLLM runs
+    batch-invariant. Pure."""
     if mode not in INDEXER_MODES:
         raise ValueError(f"{INDEXER_ENV}: expected one of {INDEXER_MODES}, got {mode!r}")
     if mode == "off":
@@ -96,6 +100,10 @@ def decide(mode: str, *, is_cuda: bool, deep_gemm: bool) -> tuple[bool, str]:
         return True, f"{INDEXER_ENV}=always"
     if not is_cuda:
         return False, "not the CUDA platform (vLLM has its own indexer there)"
+    if batch_invariant:
+        # DeepGEMM scores prefill and decode rows with two different kernels, and vLLM claims no batch invariance
+        # for them; ours computes each row alone (indexer_topk(deterministic=True)).
+        return True, "VLLM_BATCH_INVARIANT=1"
     if deep_gemm:
         return False, "DeepGEMM is usable on this GPU"
     return True, "DeepGEMM is not usable on this GPU"
@@ -116,7 +124,9 @@ def use_triton_indexer() -> tuple[bool, str]:
     if mode != "auto":
         return decide(mode, is_cuda=False, deep_gemm=False)
     is_cuda = current_platform.is_cuda()
-    return decide(mode, is_cuda=is_cuda, deep_gemm=is_cuda and deep_gemm_usable())
+    invariant = is_cuda and batch_invariant()
+    return decide(mode, is_cuda=is_cuda, deep_gemm=is_cuda and not invariant and deep_gemm_usable(),
+                  batch_invariant=invariant)
 
 
 def unsupported_reasons(*, k_cache: Any, head_dim: int, use_fp4_cache: bool, compress_ratio: int,
@@ -192,7 +202,9 @@ class TritonSparseAttnIndexer(SparseAttnIndexer):
                 f"triton-mla-sparse: the Triton DSA indexer was chosen ({why}) but does not support "
                 f"{'; '.join(reasons)}. Use a GPU with DeepGEMM (SM90/SM100) for this configuration, or set "
                 f"{INDEXER_ENV}=off.")
-        _log_once(logging.INFO, "using", "triton-mla-sparse: the DSA indexer runs on Triton (%s).", why)
+        _DETERMINISTIC[0] = batch_invariant()
+        _log_once(logging.INFO, "using", "triton-mla-sparse: the DSA indexer runs on Triton (%s%s).", why,
+                  "; rows computed alone for batch invariance" if _DETERMINISTIC[0] else "")
         route_vllm_call_sites()
 
     def forward_cuda(self, hidden_states: torch.Tensor, q_quant: Any, k: torch.Tensor,
@@ -223,7 +235,8 @@ def _indexer_topk_into(out, q, weights, kv_cache, block_table, req, positions, m
     """``indexer_topk`` into ``out`` (a view of the top-k buffer); float32 weights as the kernels want them."""
     if weights.dtype != torch.float32:
         weights = weights.float()
-    indexer_topk(q, weights, kv_cache, block_table, req, positions, out.shape[1], max_len=max_len, out=out)
+    indexer_topk(q, weights, kv_cache, block_table, req, positions, out.shape[1], max_len=max_len, out=out,
+                 deterministic=_DETERMINISTIC[0])
 
 
 def _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens):

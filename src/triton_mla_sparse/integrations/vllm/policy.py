@@ -45,6 +45,7 @@ __all__ = [
     "priority_mode",
     "indexer_mode",
     "soft_fp8_mode",
+    "batch_invariant",
     "model_reasons",
     "static_reasons",
     "policy_index",
@@ -115,6 +116,15 @@ def indexer_mode() -> str:
 def soft_fp8_mode() -> str:
     """The software-e4m3 mode from ``TRITON_MLA_SPARSE_SOFT_FP8`` (:func:`env_mode`)."""
     return env_mode(SOFT_FP8_ENV)
+
+
+def batch_invariant() -> bool:
+    """Whether vLLM runs in its batch-invariant mode (``VLLM_BATCH_INVARIANT=1``, read through ``vllm.envs``: one
+    parser for vLLM's variable). The backend and the indexer then compute every token's row independently of its
+    batch (see :mod:`~triton_mla_sparse.integrations.vllm.backend`)."""
+    from vllm import envs
+
+    return bool(envs.VLLM_BATCH_INVARIANT)
 
 
 def model_reasons(*, kv_lora_rank: int, qk_rope_head_dim: int, index_topk: int | None = 2048,

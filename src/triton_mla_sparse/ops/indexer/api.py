@@ -179,7 +179,8 @@ def check_indexer_topk_inputs(q: torch.Tensor, weights: torch.Tensor, k_cache: t
 
 def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                  req_id_per_token: torch.Tensor, positions: torch.Tensor, topk: int, *, max_len: int | None = None,
-                 out: torch.Tensor | None = None, select: str | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, select: str | None = None,
+                 deterministic: bool = False) -> torch.Tensor:
     """Request-local positions int32 ``[T, topk]`` of each row's ``topk`` largest indexer logits (any order; -1
     padded when the row has fewer than ``topk`` candidates), with the Triton kernels.
 
@@ -192,15 +193,27 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, 
     radix select; the default for decode rows on sm90, where it measured fastest, and under the interpreter),
     ``"torch"`` (``torch.topk``, a radix select; the default for prefill rows and other GPUs), or ``None`` = the
     configuration's choice. Shapes decide every allocation: no host synchronisation, CUDA-graph capturable. The
-    result plugs into :func:`triton_mla_sparse.topk_to_slots`.
+    result plugs into :func:`triton_mla_sparse.topk_to_slots`. ``deterministic=True``: each row's positions are a
+    function of that row's inputs alone — not of the other rows of the call, their number, or ``max_len`` beyond
+    the row's position (one query row per logits program, then ``torch.topk``; exact ties at the k-th logit are
+    broken as ``torch.topk`` breaks them); ``select`` must then be None or ``"torch"``. vLLM's batch-invariant
+    mode uses it.
     """
     p, max_len = check_indexer_topk_inputs(q, weights, k_cache, block_table, req_id_per_token, positions, topk,
                                            max_len, out)
     check_select(select)
+    if not isinstance(deterministic, bool):
+        fail("deterministic", "a bool", repr(deterministic))
+    if deterministic and select not in (None, "torch"):
+        fail("select", "None or 'torch' with deterministic=True (the split select's choice among equal keys "
+             "follows atomic order)", repr(select))
     check_kernel_device(p.device)
     result = out if out is not None else torch.empty(p.T, topk, dtype=torch.int32, device=p.device)
     if p.T:
-        cfg = choose_indexer_config(p, **({"select": select} if select else {}))
+        if deterministic:  # row groups share K tiles in prefill: the head sum's order would follow the grouping
+            cfg = choose_indexer_config(p, select="torch", rows_per_program=1)
+        else:
+            cfg = choose_indexer_config(p, **({"select": select} if select else {}))
         logits = torch.empty(p.T, max_len, dtype=torch.float32, device=p.device)
         # the select's workspace is zeroed by the logits launch (one launch fewer than a memset)
         ws = select_workspace(cfg, p.T, p.device) if max_len else None
