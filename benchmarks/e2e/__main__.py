@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--out", type=Path, required=True)
     k.add_argument("--duration", type=float, default=300)
     k.add_argument("--concurrency", type=int, default=64)
+    k.add_argument("--name", default="ours-batch-invariant", help="one of soak.SOAKS")
+    k.add_argument("--port", type=int, default=8377)
     m = sub.add_parser("merge", help="merge section files into a results file (no GPU)")
     m.add_argument("sections", nargs="+", type=Path)
     m.add_argument("--out", type=Path, required=True)
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.cmd in ("merge", "tables"):
         from .results import (correctness_table, merge, new_document, readme_correctness_table, readme_serving_table,
-                              serving_table, summary_table)
+                              readme_soak_table, serving_table, summary_table)
 
         if a.cmd == "merge":
             first = json.loads(a.sections[0].read_text())
@@ -72,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             doc = json.loads(a.results.read_text())
             print(readme_correctness_table(doc), "\n")
             print(readme_serving_table(doc), "\n")
+            print(readme_soak_table(doc), "\n")
             print(summary_table(doc), "\n")
             print(correctness_table(doc), "\n")
             print(serving_table(doc))
@@ -110,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from .soak import run_soak
 
-        section = {"environment": env, "soak": run_soak(a.out, duration_s=a.duration, concurrency=a.concurrency)}
+        section = {"environment": env, "soak": [run_soak(a.out, name=a.name, duration_s=a.duration,
+                                                         concurrency=a.concurrency, port=a.port)]}
         path = a.out / "soak.json"
     path.write_text(json.dumps(section, indent=1) + "\n")
     print(f"wrote {path}")

@@ -2,8 +2,10 @@
 # The end-to-end runs on the offline GPU machine, from the repository root (the device tool's working copy).
 #   bash benchmarks/e2e/device.sh stage N      copy the carried payload chunk .vllm-payload/cN to /tmp/vllm-stage
 #   bash benchmarks/e2e/device.sh start        unpack vLLM, install this package, then in the background (setsid):
-#                                              the fp8 check, the correctness matrix beside the soak, then the
-#                                              serving runs alone; results under /tmp/e2e
+#                                              the fp8 check, the GPU tests of the batch-invariant paths, the soaks
+#                                              (E2E_SOAKS, default all of soak.SOAKS, side by side); with
+#                                              E2E_MATRIX=1 also the correctness matrix, then the serving runs alone;
+#                                              results under /tmp/e2e
 #   bash benchmarks/e2e/device.sh wait [SEC]   wait up to SEC (default 540) for the runs, then copy a tarball of
 #                                              /tmp/e2e (without model folders) and the section files to $OUT
 # Payload: ../shared/tools/vllm-offline/build-payload.sh .vllm-payload (git-ignored); carry one chunk per call.
@@ -40,12 +42,24 @@ PY
         if [ -f e2e/fp8_sw_check.py ]; then
             (timeout 300 python3 e2e/fp8_sw_check.py --out '"$E2E"'/fp8_sw_check.json > '"$E2E"'/fp8_sw_check.log 2>&1) &
         fi
-        (timeout 900 python3 -m e2e soak --out '"$E2E"'/soak > '"$E2E"'/soak.log 2>&1) &
-        timeout 1500 python3 -m e2e correctness --out '"$E2E"'/correctness ${E2E_ONLY:+--only "$E2E_ONLY"} \
-            > '"$E2E"'/correctness.log 2>&1
+        (cd .. && timeout 600 python3 -m pytest -q -p no:cacheprovider tests/ops/indexer/test_indexer.py \
+            tests/ops/sparse_mla/test_attention_features.py -k "deterministic or depend_on_the_batch" \
+            > '"$E2E"'/gpu-tests.log 2>&1) &
+        port=8377
+        for name in ${E2E_SOAKS:-ours-batch-invariant ours-batch-invariant-deepgemm-indexer ours fa3-page1}; do
+            (timeout 1200 python3 -m e2e soak --name "$name" --port $port --out '"$E2E"'/soak-"$name" \
+                > '"$E2E"'/soak-"$name".log 2>&1) &
+            port=$((port + 1))
+        done
+        if [ "${E2E_MATRIX:-0}" = "1" ]; then
+            timeout 1500 python3 -m e2e correctness --out '"$E2E"'/correctness ${E2E_ONLY:+--only "$E2E_ONLY"} \
+                > '"$E2E"'/correctness.log 2>&1
+        fi
         wait
         touch '"$E2E"'/CORRECTNESS_DONE
-        timeout 1200 python3 -m e2e serving --out '"$E2E"'/serving > '"$E2E"'/serving.log 2>&1
+        if [ "${E2E_MATRIX:-0}" = "1" ]; then
+            timeout 1200 python3 -m e2e serving --out '"$E2E"'/serving > '"$E2E"'/serving.log 2>&1
+        fi
         touch '"$E2E"'/DONE' > /tmp/e2e-orchestrator.log 2>&1 < /dev/null &
     echo "started" ;;
 wait)
@@ -60,8 +74,11 @@ wait)
     tail -n 3 "$E2E"/*.log 2>/dev/null | tail -n 60
     ls "$E2E"/correctness/runs 2>/dev/null | grep -c '\.json$' | sed 's/^/result files: /'
     tar -C /tmp --exclude='e2e/*/models' --exclude='*.spec.json' -czf "${OUT:-/tmp}"/e2e.tar.gz e2e
-    for f in correctness/correctness.json serving/serving.json soak/soak.json fp8_sw_check.json; do
+    for f in correctness/correctness.json serving/serving.json fp8_sw_check.json gpu-tests.log; do
         [ -f "$E2E/$f" ] && cp "$E2E/$f" "${OUT:-/tmp}/"
+    done
+    for f in "$E2E"/soak-*/soak.json; do
+        [ -f "$f" ] && cp "$f" "${OUT:-/tmp}/$(basename "$(dirname "$f")").json"
     done
     ls -la "${OUT:-/tmp}" ;;
 *) echo "unknown command $cmd" >&2; exit 2 ;;

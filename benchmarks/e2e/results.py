@@ -55,12 +55,12 @@ def new_document(*, commit: str, gpu: str, versions: dict[str, str], date: str |
 
 
 def merge(doc: dict[str, Any], section_files: list[Path]) -> dict[str, Any]:
-    """Add each section file's content (``{"correctness": [...]}``, ``{"serving": [...]}``, ``{"soak": {...}}``,
+    """Add each section file's content (``{"correctness": [...]}``, ``{"serving": [...]}``, ``{"soak": [...]}``,
     any extra keys) to ``doc``; returns the validated document."""
     for path in section_files:
         part = json.loads(Path(path).read_text())
         for key, value in part.items():
-            if key in ("correctness", "serving") and key in doc:
+            if key in ("correctness", "serving", "soak") and key in doc:
                 doc[key] = doc[key] + value
             else:
                 doc[key] = value
@@ -181,4 +181,24 @@ def readme_serving_table(doc: dict[str, Any]) -> str:
                 lines.append(f"| {_LABEL[v]} | {_CACHE[kv]} | {backend} | {c[8192]['ttft_ms']:.1f} / "
                              f"{c[32768]['ttft_ms']:.1f} | {c[8192]['tpot_ms']:.2f} / {c[32768]['tpot_ms']:.2f} | "
                              f"{c[8192]['decode_tok_s']:,.0f} / {c[32768]['decode_tok_s']:,.0f} |")
+    return "\n".join(lines)
+
+
+def readme_soak_table(doc: dict[str, Any]) -> str:
+    """The README's soak table: one line per soak run (tests/e2e checks that the README holds it verbatim)."""
+    lines = ["| run | backend | VLLM_BATCH_INVARIANT | indexer | requests (errors) | preemptions | identical to "
+             "alone | near tie / further | pass |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc.get("soak", []):
+        env = r.get("env", {})
+        invariant = "1" if env.get("VLLM_BATCH_INVARIANT") == "1" else "—"
+        worker = (r.get("worker") or {}).get("results") or [{}]
+        idx = worker[0].get("indexers", {})
+        indexer = ("ours" if idx.get("triton") else "DeepGEMM (vLLM)") if idx else "?"
+        if "error" in r:
+            lines.append(f"| {r['name']} | {r['backend']} | {invariant} | {indexer} | failed: {r['error'][:80]} "
+                         f"| | | | no |")
+            continue
+        lines.append(f"| {r['name']} | {r['backend']} | {invariant} | {indexer} | {r['requests']:,} ({r['errors']}) "
+                     f"| {r['preemptions']} | {r['identical']:,} / {r['compared']:,} | {r['near_tie']:,} / "
+                     f"{r['mismatch']:,} | {'yes' if r['ok'] else 'no'} |")
     return "\n".join(lines)

@@ -90,8 +90,11 @@ def validate_results(doc: dict[str, Any]) -> dict[str, Any]:
                     _need(r, {"context": int, "ttft_ms": float, "tpot_ms": float, "decode_tok_s": float},
                           "serving context")
     if "soak" in doc:
-        _need(doc["soak"], {"ok": bool}, "soak")
-        if "error" not in doc["soak"]:
-            _need(doc["soak"], {"requests": int, "errors": int, "duration_s": float, "identical": int,
-                                "mismatch": int, "preemptions": int}, "soak")
+        if not isinstance(doc["soak"], list):
+            raise ValueError(f"soak: expected a list of soak runs, got {type(doc['soak']).__name__}")
+        for run in doc["soak"]:
+            _need(run, {"name": str, "backend": str, "ok": bool}, "soak run")
+            if "error" not in run:
+                _need(run, {"requests": int, "errors": int, "duration_s": float, "compared": int, "identical": int,
+                            "near_tie": int, "mismatch": int, "preemptions": int}, "soak run")
     return doc

@@ -5,6 +5,11 @@ Pass: no request errors, vLLM reports preemptions, and every soak output equals 
 Outputs that differ are classified by where they first differ: a *near tie* when the alone run's two best tokens at
 that position were within ``margin`` nats (reordered float sums in differently shaped batches can flip it), a
 *mismatch* otherwise (what a wrong slot, a corrupted cache after preemption or a race would produce).
+
+:data:`SOAKS` names the runs: ours under vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT=1``; the run the
+pass applies to), the same with vLLM's DeepGEMM indexer, and ours and FLASH_ATTN_MLA_SPARSE without it (yardsticks:
+vLLM's default numerics are not batch invariant, so identity is not expected there). Each run records what its
+worker reports about itself (``weights.probe_model``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,15 @@ from .models import write_model
 from .prompts import random_prompt
 
 PROMPT_LENGTHS = (17, 300, 1200, 2500, 4000, 6000)
+BATCH_INVARIANT = {"VLLM_BATCH_INVARIANT": "1"}
+#: name -> (attention backend, extra environment of the server)
+SOAKS: dict[str, tuple[str, dict[str, str]]] = {
+    "ours-batch-invariant": ("TRITON_MLA_SPARSE", BATCH_INVARIANT),
+    "ours-batch-invariant-deepgemm-indexer": ("TRITON_MLA_SPARSE",
+                                              {**BATCH_INVARIANT, "TRITON_MLA_SPARSE_INDEXER": "off"}),
+    "ours": ("TRITON_MLA_SPARSE", {}),
+    "fa3-page1": ("FLASH_ATTN_MLA_SPARSE", {}),
+}
 MAX_TOKENS = (32, 64, 128)
 
 
@@ -123,13 +137,16 @@ def complete(server: Server, req: dict[str, Any]) -> dict[str, Any]:
             "top_logprobs": (choice.get("logprobs") or {}).get("top_logprobs") or []}
 
 
-def run_soak(out_dir: Path, *, duration_s: float = 300, concurrency: int = 64, pool_size: int = 96,
-             kv_bytes: int = 100 << 20, port: int = 8377, margin: float = 0.05, backend: str = "TRITON_MLA_SPARSE",
+def run_soak(out_dir: Path, *, name: str = "ours-batch-invariant", duration_s: float = 300, concurrency: int = 64,
+             pool_size: int = 96, kv_bytes: int = 100 << 20, port: int = 8377, margin: float = 0.05,
              kv_cache_dtype: str = "bfloat16", variant: str = "dsv32-h16") -> dict[str, Any]:
+    if name not in SOAKS:
+        raise ValueError(f"name: one of {tuple(SOAKS)}, got {name!r}")
+    backend, extra_env = SOAKS[name]
     out_dir.mkdir(parents=True, exist_ok=True)
     model_dir = write_model(variant, out_dir / "models", max_position_embeddings=40960)
     env = {**os.environ, "PYTHONPATH": f"{BENCH_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "VLLM_SERVER_DEV_MODE": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+           "VLLM_SERVER_DEV_MODE": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1", **extra_env}
     args = ["--load-format", "dummy", "--skip-tokenizer-init", "--dtype", "bfloat16", "--attention-backend", backend,
             "--kv-cache-dtype", kv_cache_dtype, "--block-size", "64", "--max-model-len", "8192",
             "--max-num-seqs", str(concurrency), "--kv-cache-memory-bytes", str(kv_bytes),
@@ -137,11 +154,13 @@ def run_soak(out_dir: Path, *, duration_s: float = 300, concurrency: int = 64, p
             "--cudagraph-capture-sizes", "1", "2", "4", "8", "16", "32", "64",
             "--worker-extension-cls", "e2e.weights.ReinitExtension"]
     server = Server(model_dir, port=port, args=args, env=env, log=out_dir / "soak-server.log")
-    result: dict[str, Any] = {"backend": backend, "kv_cache_dtype": kv_cache_dtype, "variant": variant,
-                              "concurrency": concurrency, "pool": pool_size, "kv_cache_memory_bytes": kv_bytes}
+    result: dict[str, Any] = {"name": name, "backend": backend, "env": extra_env, "kv_cache_dtype": kv_cache_dtype,
+                              "variant": variant, "concurrency": concurrency, "pool": pool_size,
+                              "kv_cache_memory_bytes": kv_bytes}
     try:
-        result["start_s"] = server.wait_ready(420)
+        result["start_s"] = server.wait_ready(600)
         result["weights"] = server.post("/collective_rpc", {"method": "e2e_reinit", "args": ["0", "0.02"]})
+        result["worker"] = server.post("/collective_rpc", {"method": "e2e_probe"})
         pool = request_pool(pool_size)
         done: list[dict[str, Any]] = []
         errors: list[str] = []
@@ -173,7 +192,8 @@ def run_soak(out_dir: Path, *, duration_s: float = 300, concurrency: int = 64, p
         alone = {req["id"]: complete(server, req) for req in pool}
         result["alone_s"] = time.time() - t1
         result.update(judge(done, alone, margin=margin))
-        result["ok"] = result["errors"] == 0 and result["mismatch"] == 0 and result["preemptions"] > 0
+        result["ok"] = (result["errors"] == 0 and result["identical"] == result["compared"] > 0
+                        and result["preemptions"] > 0)
     except Exception as e:
         result["ok"] = False
         result["error"] = f"{type(e).__name__}: {e}"

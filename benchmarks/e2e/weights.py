@@ -86,3 +86,36 @@ class ReinitExtension:
 
     def e2e_reinit(self, seed: str = "0", std: str = "0.02") -> dict[str, Any]:
         return reinit(self.model_runner.get_model(), int(seed), float(std))
+
+    def e2e_probe(self) -> dict[str, Any]:
+        """What this worker runs, read from its own modules: the attention impls, whether each DSA indexer is the
+        Triton one, and vLLM's batch-invariant flag as this process sees it."""
+        return probe_model(self.model_runner.get_model())
+
+
+def probe_model(model: torch.nn.Module) -> dict[str, Any]:
+    """Attention impl class names and batch-invariant flags, and the DSA indexers' Triton flags, of ``model``."""
+    import vllm.envs as envs
+
+    impls: dict[str, int] = {}
+    invariant_impls = 0
+    indexers = {"triton": 0, "vllm": 0}
+    for module in model.modules():
+        impl = getattr(module, "impl", None)
+        if impl is not None and hasattr(impl, "forward_mqa"):
+            impls[type(impl).__name__] = impls.get(type(impl).__name__, 0) + 1
+            invariant_impls += bool(getattr(impl, "batch_invariant", False))
+        if type(module).__name__ == "TritonSparseAttnIndexer":
+            indexers["triton" if module.triton else "vllm"] += 1
+        elif type(module).__name__ == "SparseAttnIndexer":
+            indexers["vllm"] += 1
+    deterministic = None
+    try:
+        from triton_mla_sparse.integrations.vllm import indexer as tms_indexer
+
+        deterministic = bool(tms_indexer._DETERMINISTIC[0])
+    except ImportError:
+        pass
+    return {"batch_invariant_env": bool(envs.VLLM_BATCH_INVARIANT), "attention_impls": impls,
+            "batch_invariant_impls": invariant_impls, "indexers": indexers,
+            "indexer_deterministic": deterministic}

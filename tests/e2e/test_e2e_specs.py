@@ -4,8 +4,8 @@ import json
 
 import pytest
 from e2e.matrix import OURS, PEERS, base_spec, correctness_specs, serving_specs
-from e2e.results import (correctness_rows, correctness_table, merge, new_document, serving_rows, serving_table,
-                         summary_table)
+from e2e.results import (correctness_rows, correctness_table, merge, new_document, readme_soak_table, serving_rows,
+                         serving_table, summary_table)
 from e2e.schema import validate_results, validate_spec
 
 
@@ -79,7 +79,8 @@ def test_rows_merge_and_tables(tmp_path):
     env = {"gpu": "NVIDIA H200", "versions": {"vllm": "0.33.0", "torch": "2.11", "triton": "3.6.0"}}
     (tmp_path / "c.json").write_text(json.dumps({"environment": env, "correctness": rows}))
     (tmp_path / "s.json").write_text(json.dumps({"environment": env, "serving": serving_rows(serve)}))
-    (tmp_path / "k.json").write_text(json.dumps({"soak": {"ok": False, "error": "TimeoutError: x"}}))
+    (tmp_path / "k.json").write_text(json.dumps({"soak": [{"name": "ours", "backend": OURS, "ok": False,
+                                                            "error": "TimeoutError: x"}]}))
     doc = merge(new_document(commit="abc", gpu="NVIDIA H200", versions=env["versions"]),
                 [tmp_path / "c.json", tmp_path / "s.json", tmp_path / "k.json"])
     table = correctness_table(doc)
@@ -90,8 +91,11 @@ def test_rows_merge_and_tables(tmp_path):
     assert summary.count("failed") == 2  # the two vs_peer rows of the broken peer
     with pytest.raises(ValueError, match="schema"):
         validate_results({**doc, "schema": 0})
+    assert "| ours | TRITON_MLA_SPARSE | — | ? | failed: TimeoutError: x | | | | no |" in readme_soak_table(doc)
     with pytest.raises(ValueError, match="soak"):
         validate_results({**doc, "soak": {"ok": True, "requests": 3}})
+    with pytest.raises(ValueError, match="soak run"):
+        validate_results({**doc, "soak": [{"name": "x", "backend": OURS, "ok": True, "requests": 3}]})
 
 
 def test_run_pool_records_failures(tmp_path):
@@ -124,7 +128,7 @@ def test_readme_tables_are_the_committed_results():
     """The README's "Proven in vLLM" tables are generated from the newest committed results file, not retyped."""
     from pathlib import Path
 
-    from e2e.results import readme_correctness_table, readme_serving_table
+    from e2e.results import readme_correctness_table, readme_serving_table, readme_soak_table
 
     root = Path(__file__).resolve().parents[2]
     newest = sorted((root / "benchmarks" / "results").glob("e2e-*.json"))[-1]
@@ -133,3 +137,4 @@ def test_readme_tables_are_the_committed_results():
     assert newest.name in readme
     assert readme_correctness_table(doc) in readme
     assert readme_serving_table(doc) in readme
+    assert readme_soak_table(doc) in readme
