@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The end-to-end runs on the offline GPU machine, from the repository root (the device tool's working copy).
 #   bash benchmarks/e2e/device.sh stage N      copy the carried payload chunk .vllm-payload/cN to /tmp/vllm-stage
-#   bash benchmarks/e2e/device.sh start        unpack vLLM, install this package, then in the background (setsid):
+#   bash benchmarks/e2e/device.sh start        unpack vLLM, install this package, a smoke engine (SKIP_SMOKE=1: none),
+#                                              then in the background (setsid):
 #                                              the fp8 check, the GPU tests of the batch-invariant paths, the soaks
 #                                              (E2E_SOAKS, default all of soak.SOAKS, side by side); with
 #                                              E2E_MATRIX=1 also the correctness matrix, then the serving runs alone;
@@ -24,6 +25,7 @@ start)
     python3 -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -3
     python3 -c "import triton_mla_sparse, vllm; print('ok', vllm.__version__)" || exit 1
     rm -rf "$E2E"; mkdir -p "$E2E"
+    if [ "${SKIP_SMOKE:-0}" != "1" ]; then
     # A smoke run first (one eager engine): a broken harness shows here, before the background runs start.
     (cd benchmarks && PYTHONUNBUFFERED=1 timeout 300 python3 -m e2e correctness --out "$E2E"/smoke --variants glm5-h8 \
         --modes eager --only 'bfloat16-ours$' --parallel 1 --timeout 280) 2>&1 | tail -5
@@ -35,6 +37,7 @@ print(r.get("traceback", "")[-2500:])
 print([(p["length"], p["tokens"][:8]) for p in r.get("prompts", [])])
 sys.exit(0 if r["ok"] else 1)
 PY
+    fi
     [ "${SMOKE_ONLY:-0}" = "1" ] && exit 0
     REPO=$PWD setsid nohup bash -c '
         . /tmp/vllm-site/env.sh; cd "$REPO/benchmarks"; export PYTHONUNBUFFERED=1
@@ -72,6 +75,7 @@ wait)
     done
     [ -f "$E2E/DONE" ] && echo "all done" || echo "still running after ${limit} s"
     tail -n 3 "$E2E"/*.log 2>/dev/null | tail -n 60
+    grep -h "Error\|not supported" "$E2E"/soak-*/soak-server.log 2>/dev/null | grep -v "Chat template\|Tokenizer not\|ulimit\|base.py:383" | tail -n 8
     ls "$E2E"/correctness/runs 2>/dev/null | grep -c '\.json$' | sed 's/^/result files: /'
     tar -C /tmp --exclude='e2e/*/models' --exclude='*.spec.json' -czf "${OUT:-/tmp}"/e2e.tar.gz e2e
     for f in correctness/correctness.json serving/serving.json fp8_sw_check.json gpu-tests.log; do

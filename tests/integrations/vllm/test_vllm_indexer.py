@@ -433,3 +433,21 @@ def test_batch_invariant_rows_alone_equal_rows_in_a_prefill(vi, vc, monkeypatch)
             alone = op(torch.zeros(1, 16), batch["q"][t:t + 1], None, batch["weights"][t:t + 1])[0]
         assert sorted(alone.tolist()) == sorted(prefill[t].tolist()), t
     assert flags and all(f is True for f in flags)
+
+
+def test_batch_invariant_indexer_cache_declares_it(vi, vc, monkeypatch):
+    """vLLM refuses VLLM_BATCH_INVARIANT=1 unless every layer's backend declares it, the indexer's cache layer
+    included: with the Triton indexer under the mode, that layer (not vLLM's class) reports a backend that does."""
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
+
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    for invariant in (False, True):
+        if invariant:
+            monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+        op = make_op(k_cache=types.SimpleNamespace(prefix=PREFIX, kv_cache=torch.empty(0, dtype=torch.uint8),
+                                                   get_attn_backend=lambda: DeepseekV32IndexerBackend))
+        backend = op.k_cache.get_attn_backend()
+        assert backend.supports_batch_invariance() is invariant
+        assert issubclass(backend, DeepseekV32IndexerBackend) and backend.get_name() == "DEEPSEEK_V32_INDEXER"
+        assert backend.get_builder_cls() is DeepseekV32IndexerBackend.get_builder_cls()
+    assert DeepseekV32IndexerBackend.supports_batch_invariance() is False  # vLLM's class is left alone

@@ -68,6 +68,7 @@ __all__ = [
     "sparse_attn_indexer",
     "install",
     "route_vllm_call_sites",
+    "declare_invariant_cache",
 ]
 
 OP_NAME = "SparseAttnIndexer"  # the key of vLLM's out-of-tree registry (the in-tree class's __name__)
@@ -203,6 +204,8 @@ class TritonSparseAttnIndexer(SparseAttnIndexer):
                 f"{'; '.join(reasons)}. Use a GPU with DeepGEMM (SM90/SM100) for this configuration, or set "
                 f"{INDEXER_ENV}=off.")
         _DETERMINISTIC[0] = batch_invariant()
+        if _DETERMINISTIC[0]:
+            declare_invariant_cache(self.k_cache)
         _log_once(logging.INFO, "using", "triton-mla-sparse: the DSA indexer runs on Triton (%s%s).", why,
                   "; rows computed alone for batch invariance" if _DETERMINISTIC[0] else "")
         route_vllm_call_sites()
@@ -225,6 +228,30 @@ class TritonSparseAttnIndexer(SparseAttnIndexer):
     forward_hip = _platform_forward("forward_hip")
     forward_xpu = _platform_forward("forward_xpu")
     forward_cpu = _platform_forward("forward_cpu")
+
+
+_INVARIANT_BACKENDS: dict[type, type] = {}
+
+
+def declare_invariant_cache(k_cache: Any) -> None:
+    """Make the indexer's cache layer report a backend that declares batch invariance.
+
+    vLLM refuses ``VLLM_BATCH_INVARIANT=1`` unless every attention layer's backend declares it, the indexer's
+    cache layer (``DEEPSEEK_V32_INDEXER``) included. That backend only lays out the cache and builds metadata; the
+    computation is this module's, row by row (``indexer_topk(deterministic=True)``). So this layer — not vLLM's
+    class — gets a subclass of its backend (same name and builder) that says so."""
+    get = getattr(k_cache, "get_attn_backend", None)
+    if get is None:
+        return
+    backend = get()
+    if backend.supports_batch_invariance():
+        return
+    sub = _INVARIANT_BACKENDS.get(backend)
+    if sub is None:
+        sub = _INVARIANT_BACKENDS[backend] = type(backend.__name__, (backend,), {
+            "__doc__": f"{backend.__name__}, with the triton-mla-sparse indexer computing each row alone.",
+            "supports_batch_invariance": classmethod(lambda cls: True)})
+    k_cache.get_attn_backend = lambda: sub
 
 
 def _capturing(device: torch.device) -> bool:
