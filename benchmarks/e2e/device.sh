@@ -50,7 +50,7 @@ PY
             > '"$E2E"'/gpu-tests.log 2>&1) &
         port=8377
         for name in ${E2E_SOAKS:-ours-batch-invariant ours-batch-invariant-deepgemm-indexer ours fa3-page1}; do
-            (timeout 1200 python3 -m e2e soak --name "$name" --port $port --out '"$E2E"'/soak-"$name" \
+            (timeout 1200 python3 -m e2e soak --name "$name" --port $port --duration ${E2E_SOAK_DURATION:-300} --out '"$E2E"'/soak-"$name" \
                 > '"$E2E"'/soak-"$name".log 2>&1) &
             port=$((port + 1))
         done

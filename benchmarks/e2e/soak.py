@@ -35,13 +35,17 @@ from .prompts import random_prompt
 
 PROMPT_LENGTHS = (17, 300, 1200, 2500, 4000, 6000)
 BATCH_INVARIANT = {"VLLM_BATCH_INVARIANT": "1"}
-#: name -> (attention backend, extra environment of the server)
-SOAKS: dict[str, tuple[str, dict[str, str]]] = {
-    "ours-batch-invariant": ("TRITON_MLA_SPARSE", BATCH_INVARIANT),
+#: name -> (attention backend, extra environment of the server, extra server arguments, KV bytes or None)
+SOAKS: dict[str, tuple[str, dict[str, str], tuple[str, ...], int | None]] = {
+    "ours-batch-invariant": ("TRITON_MLA_SPARSE", BATCH_INVARIANT, (), None),
     "ours-batch-invariant-deepgemm-indexer": ("TRITON_MLA_SPARSE",
-                                              {**BATCH_INVARIANT, "TRITON_MLA_SPARSE_INDEXER": "off"}),
-    "ours": ("TRITON_MLA_SPARSE", {}),
-    "fa3-page1": ("FLASH_ATTN_MLA_SPARSE", {}),
+                                              {**BATCH_INVARIANT, "TRITON_MLA_SPARSE_INDEXER": "off"}, (), None),
+    "ours": ("TRITON_MLA_SPARSE", {}, (), None),
+    "fa3-page1": ("FLASH_ATTN_MLA_SPARSE", {}, (), None),
+    # diagnostics (where the batch-invariant run's differences come from): no CUDA graphs; no preemption
+    "ours-batch-invariant-eager": ("TRITON_MLA_SPARSE", BATCH_INVARIANT, ("--enforce-eager",), None),
+    "ours-batch-invariant-roomy": ("TRITON_MLA_SPARSE", BATCH_INVARIANT, (), 4 << 30),
+    "ours-batch-invariant-eager-roomy": ("TRITON_MLA_SPARSE", BATCH_INVARIANT, ("--enforce-eager",), 4 << 30),
 }
 MAX_TOKENS = (32, 64, 128)
 
@@ -142,7 +146,8 @@ def run_soak(out_dir: Path, *, name: str = "ours-batch-invariant", duration_s: f
              kv_cache_dtype: str = "bfloat16", variant: str = "dsv32-h16") -> dict[str, Any]:
     if name not in SOAKS:
         raise ValueError(f"name: one of {tuple(SOAKS)}, got {name!r}")
-    backend, extra_env = SOAKS[name]
+    backend, extra_env, extra_args, kv_override = SOAKS[name]
+    kv_bytes = kv_override or kv_bytes
     out_dir.mkdir(parents=True, exist_ok=True)
     model_dir = write_model(variant, out_dir / "models", max_position_embeddings=40960)
     env = {**os.environ, "PYTHONPATH": f"{BENCH_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
@@ -152,9 +157,10 @@ def run_soak(out_dir: Path, *, name: str = "ours-batch-invariant", duration_s: f
             "--max-num-seqs", str(concurrency), "--kv-cache-memory-bytes", str(kv_bytes),
             "--gpu-memory-utilization", "0.05", "--no-enable-prefix-caching",
             "--cudagraph-capture-sizes", "1", "2", "4", "8", "16", "32", "64",
-            "--worker-extension-cls", "e2e.weights.ReinitExtension"]
+            "--worker-extension-cls", "e2e.weights.ReinitExtension", *extra_args]
     server = Server(model_dir, port=port, args=args, env=env, log=out_dir / "soak-server.log")
-    result: dict[str, Any] = {"name": name, "backend": backend, "env": extra_env, "kv_cache_dtype": kv_cache_dtype,
+    result: dict[str, Any] = {"name": name, "backend": backend, "env": extra_env, "args": list(extra_args),
+                              "kv_cache_dtype": kv_cache_dtype,
                               "variant": variant, "concurrency": concurrency, "pool": pool_size,
                               "kv_cache_memory_bytes": kv_bytes}
     try:

@@ -30,8 +30,8 @@ def test_judge_classifies_divergences():
 def test_soak_runs_are_named_and_unknown_names_fail(tmp_path):
     from e2e.soak import SOAKS, run_soak
 
-    assert SOAKS["ours-batch-invariant"] == ("TRITON_MLA_SPARSE", {"VLLM_BATCH_INVARIANT": "1"})
-    assert all(env.get("VLLM_BATCH_INVARIANT") != "1" for n, (_, env) in SOAKS.items() if "invariant" not in n)
+    assert SOAKS["ours-batch-invariant"] == ("TRITON_MLA_SPARSE", {"VLLM_BATCH_INVARIANT": "1"}, (), None)
+    assert all(env.get("VLLM_BATCH_INVARIANT") != "1" for n, (_, env, _, _) in SOAKS.items() if "invariant" not in n)
     with pytest.raises(ValueError, match="^name: one of"):
         run_soak(tmp_path, name="ours-fast")
 
