@@ -193,9 +193,9 @@ def readme_soak_table(doc: dict[str, Any]) -> str:
         invariant = "1" if env.get("VLLM_BATCH_INVARIANT") == "1" else "—"
         worker = (r.get("worker") or {}).get("results") or [{}]
         idx = worker[0].get("indexers", {})
-        indexer = ("ours" if idx.get("triton") else "DeepGEMM (vLLM)") if idx else "?"
+        indexer = ("ours" if idx.get("triton") else "DeepGEMM (vLLM)") if idx else "—"  # — : no worker report
         if "error" in r:
-            lines.append(f"| {r['name']} | {r['backend']} | {invariant} | {indexer} | failed: {r['error'][:80]} "
+            lines.append(f"| {r['name']} | {r['backend']} | {invariant} | {indexer} | failed: {r['error'][:86]} "
                          f"| | | | no |")
             continue
         lines.append(f"| {r['name']} | {r['backend']} | {invariant} | {indexer} | {r['requests']:,} ({r['errors']}) "

@@ -91,7 +91,7 @@ def test_rows_merge_and_tables(tmp_path):
     assert summary.count("failed") == 2  # the two vs_peer rows of the broken peer
     with pytest.raises(ValueError, match="schema"):
         validate_results({**doc, "schema": 0})
-    assert "| ours | TRITON_MLA_SPARSE | — | ? | failed: TimeoutError: x | | | | no |" in readme_soak_table(doc)
+    assert "| ours | TRITON_MLA_SPARSE | — | — | failed: TimeoutError: x | | | | no |" in readme_soak_table(doc)
     with pytest.raises(ValueError, match="soak"):
         validate_results({**doc, "soak": {"ok": True, "requests": 3}})
     with pytest.raises(ValueError, match="soak run"):
