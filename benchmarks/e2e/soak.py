@@ -46,6 +46,10 @@ SOAKS: dict[str, tuple[str, dict[str, str], tuple[str, ...], int | None]] = {
     "ours-batch-invariant-eager": ("TRITON_MLA_SPARSE", BATCH_INVARIANT, ("--enforce-eager",), None),
     "ours-batch-invariant-roomy": ("TRITON_MLA_SPARSE", BATCH_INVARIANT, (), 4 << 30),
     "ours-batch-invariant-eager-roomy": ("TRITON_MLA_SPARSE", BATCH_INVARIANT, ("--enforce-eager",), 4 << 30),
+    # vLLM runs the shared experts on a second CUDA stream for batches of <= 256 tokens
+    "ours-batch-invariant-eager-one-stream": ("TRITON_MLA_SPARSE",
+                                              {**BATCH_INVARIANT, "VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1"},
+                                              ("--enforce-eager",), None),
 }
 MAX_TOKENS = (32, 64, 128)
 
