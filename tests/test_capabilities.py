@@ -15,7 +15,7 @@ from triton_mla_sparse.integrations.vllm import policy
 from triton_mla_sparse.integrations.vllm.select import select_main
 
 CUDA_CAPABILITIES = [(major, minor) for major in range(7, 14) for minor in range(10)]
-DECLARED_CUDA = {(8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)}
+DECLARED_CUDA = {(8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1)}
 HIP_TARGETS = [name for name, arch in capabilities.ARCHS.items() if arch.backend == "hip"]
 
 
@@ -65,11 +65,12 @@ def test_cuda_capability_answers_agree(fake_gpu, cap):
     assert static == ([] if declared else ["compute capability not supported"])
     if not declared:
         assert ours == [f"compute capability {cap[0]}.{cap[1]} is not a declared architecture (declared: sm80 (8.0), "
-                        "sm86 (8.6, 8.7), sm89 (8.9), sm90 (9.0), sm100 (10.0, 10.3), sm120 (12.0, 12.1), gfx942 "
-                        "(gfx942), gfx950 (gfx950))"]
+                        "sm86 (8.6, 8.7), sm89 (8.9), sm90 (9.0), sm100 (10.0, 10.3), sm110 (11.0), sm120 (12.0, "
+                        "12.1), gfx942 (gfx942), gfx950 (gfx950), gfx1100 (gfx1100), gfx1101 (gfx1101), gfx1151 "
+                        "(gfx1151), gfx1200 (gfx1200), gfx1201 (gfx1201))"]
 
 
-@pytest.mark.parametrize("gfx", HIP_TARGETS + ["gfx90a", "gfx940", "gfx1100", "gfx1201"])
+@pytest.mark.parametrize("gfx", HIP_TARGETS + ["gfx90a", "gfx940", "gfx1030", "gfx1102", "gfx1150", "gfx1250"])
 def test_rocm_target_answers_agree(fake_gpu, gfx):
     dev = fake_gpu(hip_arch=gfx)
     ours = api_device_reasons(dev)
@@ -140,9 +141,9 @@ def test_select_declarations_agree(capsys, monkeypatch):
     monkeypatch.delenv(policy.PRIORITY_ENV, raising=False)
     assert select_main(["-c", "8.7", "-m", "glm5", "--tp", "8", "--no-vllm"]) == 0
     assert "TRITON_MLA_SPARSE: accepted" in capsys.readouterr().out
-    assert select_main(["-c", "11.0", "-m", "glm5", "--tp", "8", "--no-vllm"]) == 1
+    assert select_main(["-c", "13.0", "-m", "glm5", "--tp", "8", "--no-vllm"]) == 1
     out = capsys.readouterr().out
-    assert "compute capability not supported" in out and "compute capability 11.0 is not a declared" in out
+    assert "compute capability not supported" in out and "compute capability 13.0 is not a declared" in out
     assert select_main(["-c", "8.9", "-m", "dsv32", "--no-vllm"]) == 0  # 128 heads on one GPU: MAX_HEADS
     capsys.readouterr()
     monkeypatch.setenv(policy.PRIORITY_ENV, "bogus")

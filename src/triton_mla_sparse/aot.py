@@ -20,11 +20,14 @@ OPERATORS = (sparse_mla_aot, indexer_aot, topk_aot)  # each with compile_rows(ar
 
 def compile_matrix(arch_name: str) -> list[dict]:
     """Every operator's builds for one target (a name of :data:`~triton_mla_sparse.capabilities.ARCHS`); one dict
-    per build: its key (hc, cc, fmt, kernel), the configuration, and the report or an ``error``."""
+    per build: its key (hc, cc, fmt, kernel), the configuration, and the report or an ``error``; last, whether
+    Triton lowers e4m3 conversions natively there (key ``(0, "", "e4m3", "fp8_cvt")``)."""
     from .capabilities import ARCHS
 
+    from ._common.compile import fp8_conversion_row
+
     arch = ARCHS[arch_name]
-    return [row for op in OPERATORS for row in op.compile_rows(arch)]
+    return [row for op in OPERATORS for row in op.compile_rows(arch)] + [fp8_conversion_row(arch)]
 
 
 def main(argv: list[str] | None = None) -> None:

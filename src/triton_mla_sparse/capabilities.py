@@ -23,7 +23,7 @@ from .formats import D_ROPE, D_V, KV_FORMATS
 class Arch:
     """One architecture family the kernels are built and checked for."""
 
-    name: str  # "sm80" … "sm120", "gfx942", "gfx950"
+    name: str  # "sm80" … "sm120", "gfx942", "gfx950", "gfx1100" … "gfx1201"
     backend: str  # "cuda" | "hip"
     target: int | str  # Triton GPUTarget arch: 80 … 120, or "gfx942"
     warp_size: int
@@ -31,17 +31,30 @@ class Arch:
     fp8_hw: bool  # Triton lowers float8e4nv conversions natively; otherwise the integer decode is used
     capabilities: tuple[tuple[int, int], ...] = ()  # CUDA compute capabilities served by this family
     note: str = ""
+    # Why the attention kernels spill registers here (empty: they do not; the compile matrix holds both ways)
+    spills: str = ""
 
 
+_RDNA_SPILLS = ("Triton's RDNA build of the attention kernels spills registers to scratch in every configuration "
+                "tried (wave32: 256 VGPRs, no accumulation registers): correct, slower")
 ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("sm80", "cuda", 80, 32, 163 * 1024, False, ((8, 0),), "A100, A30"),
     Arch("sm86", "cuda", 86, 32, 99 * 1024, False, ((8, 6), (8, 7)), "A10, A40, RTX 3090, Jetson Orin"),
     Arch("sm89", "cuda", 89, 32, 99 * 1024, True, ((8, 9),), "L4, L40S, RTX 4090"),
     Arch("sm90", "cuda", 90, 32, 227 * 1024, True, ((9, 0),), "H100, H200"),
     Arch("sm100", "cuda", 100, 32, 227 * 1024, True, ((10, 0), (10, 3)), "B200, B300"),
+    Arch("sm110", "cuda", 110, 32, 227 * 1024, True, ((11, 0),), "Jetson Thor"),
     Arch("sm120", "cuda", 120, 32, 99 * 1024, True, ((12, 0), (12, 1)), "RTX PRO 6000 Blackwell, RTX 5090"),
     Arch("gfx942", "hip", "gfx942", 64, 64 * 1024, False, (), "MI300X, MI325X"),
     Arch("gfx950", "hip", "gfx950", 64, 64 * 1024, True, (), "MI350X, MI355X (160 KB LDS; budgeted at 64 KB)"),
+    # RDNA: wave32, 64 KB of LDS per workgroup. Triton lowers e4m3 conversions on gfx11/gfx12 by emulation, not
+    # with native instructions (the compile matrix reads the assembly): the integer decode.
+    *(Arch(name, "hip", name, 32, 64 * 1024, False, (), note, spills=_RDNA_SPILLS) for name, note in (
+        ("gfx1100", "RDNA3: RX 7900 XTX/XT, Radeon PRO W7900"),
+        ("gfx1101", "RDNA3: RX 7800 XT/7700 XT, Radeon PRO W7800"),
+        ("gfx1151", "RDNA3.5: Ryzen AI Max (Strix Halo)"),
+        ("gfx1200", "RDNA4: RX 9060 XT"),
+        ("gfx1201", "RDNA4: RX 9070 XT/9070, Radeon AI PRO R9700"))),
 )}
 
 Q_DTYPES = (torch.float16, torch.bfloat16)

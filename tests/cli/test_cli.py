@@ -79,7 +79,7 @@ def test_info_without_a_gpu_and_for_an_arch():
     assert r.returncode == 2 and "unknown architecture 'sm42'" in r.stdout
 
 
-@pytest.mark.parametrize("capability, accepted", [("8.9", True), ("7.5", False), ("11.0", False)])
+@pytest.mark.parametrize("capability, accepted", [("8.9", True), ("7.5", False), ("11.0", True), ("13.0", False)])
 def test_select_without_vllm(capability, accepted):
     r = run_cli("select", "-c", capability, "-m", "glm5", "--tp", "8", "--no-vllm", "--json")
     assert r.returncode == (0 if accepted else 1), r.stdout + r.stderr

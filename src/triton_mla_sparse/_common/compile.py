@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -27,16 +28,17 @@ if TYPE_CHECKING:
 
     from ..capabilities import Arch
 
-__all__ = ["CompileReport", "compile_kernel", "count_traps", "matrix_row", "report", "target_for"]
+__all__ = ["CompileReport", "compile_kernel", "count_traps", "fp8_conversion_row", "matrix_row", "report",
+           "target_for"]
 
 
 @dataclass(frozen=True)
 class CompileReport:
     target: str
     shared_bytes: int
-    registers: int | None  # NVIDIA only
-    stack_bytes: int | None  # NVIDIA: stack frame (register spills land here)
-    local_bytes: int | None
+    registers: int | None  # NVIDIA: registers per thread; AMDGPU: VGPRs
+    stack_bytes: int | None  # NVIDIA: stack frame (register spills land here); AMDGPU: scratch (private segment)
+    local_bytes: int | None  # NVIDIA: local memory; AMDGPU: spilled VGPRs + SGPRs
     traps: int = 0  # trap instructions in the assembly: a build the compiler gave up on compiles to a trap
 
     @property
@@ -68,11 +70,19 @@ def _cuobjdump() -> str:
 
 
 def report(arch: Arch, compiled: CompiledKernel) -> CompileReport:
-    """Shared memory from Triton's metadata; registers, stack frame and local memory from the cubin."""
+    """Shared memory from Triton's metadata; registers, stack frame and local memory from the cubin (NVIDIA) or the
+    assembly's kernel metadata (AMDGPU)."""
     shared = int(compiled.metadata.shared)
     traps = count_traps(arch, compiled)
-    if arch.backend != "cuda":
-        return CompileReport(arch.name, shared, None, None, None, traps)
+    if arch.backend != "cuda":  # AMDGPU: the assembly's metadata (VGPRs, scratch = the spill area, spill counts)
+        asm = compiled.asm.get("amdgcn", "")
+
+        def field(key: str) -> int:
+            return max((int(v) for v in re.findall(rf"^\s*\.?{key}:?\s+(\d+)", asm, flags=re.M)), default=0)
+
+        spilled = field("vgpr_spill_count") + field("sgpr_spill_count")
+        return CompileReport(arch.name, shared, field("vgpr_count"), field("private_segment_fixed_size"), spilled,
+                             traps)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(compiled.asm["cubin"])
         path = f.name
@@ -108,4 +118,30 @@ def matrix_row(arch: Arch, key: tuple[int, str, str, str], config: object,
         row.update(vars(report(arch, build())))
     except Exception as e:  # noqa: BLE001 - a failed build is a result of the matrix
         row["error"] = f"{type(e).__name__}: {e}"
+    return row
+
+
+@triton.jit
+def _e4m3_roundtrip_kernel(x_ptr, y_ptr):
+    o = tl.arange(0, 128)
+    e = tl.load(x_ptr + o).to(tl.float8e4nv)
+    tl.store(y_ptr + o, e.to(tl.float32))
+
+
+# Native e4m3 conversion instructions: PTX cvt with an e4m3x2 operand (sm89+); AMDGPU v_cvt_* with fp8 (gfx950 …).
+_NATIVE_FP8 = {"cuda": re.compile(r"\bcvt\.[\w.]*e4m3x2"), "hip": re.compile(r"\bv_cvt\w*fp8")}
+
+
+def fp8_conversion_row(arch: Arch) -> dict:
+    """A compile-matrix row saying whether Triton lowers e4m3 conversions on ``arch`` to native instructions
+    (``native``) — what :attr:`~triton_mla_sparse.capabilities.Arch.fp8_hw` declares — or the build's ``error``
+    (Triton rejects float8e4nv below sm89)."""
+    row = dict(arch=arch.name, hc=0, cc="", fmt="e4m3", kernel="fp8_cvt", config="")
+    try:
+        src = ASTSource(fn=_e4m3_roundtrip_kernel, signature={"x_ptr": "*fp32", "y_ptr": "*fp32"}, constexprs={})
+        compiled = triton.compile(src, target=target_for(arch), options=dict(num_warps=4))
+        asm = compiled.asm["ptx"] if arch.backend == "cuda" else compiled.asm.get("amdgcn", "")
+        row["native"] = bool(_NATIVE_FP8[arch.backend].search(asm))
+    except Exception as e:  # noqa: BLE001 - a failed build is a result of the matrix
+        row["error"] = f"{type(e).__name__}: {e}"[:500]
     return row

@@ -40,6 +40,8 @@ def run_info(arch_name: str | None = None) -> int:
     print(f"architecture family: {arch.name} ({arch.note}); backend {arch.backend}, warp size {arch.warp_size}, "
           f"shared-memory budget {arch.shared_bytes // 1024} KB, fp8 conversions "
           f"{'native' if arch.fp8_hw else 'by integer decode (no native e4m3 conversion)'}")
+    if arch.spills:
+        print(f"known limitation: {arch.spills}")
     q_dtypes = "/".join(str(d).removeprefix("torch.") for d in Q_DTYPES)
     d_ropes = " or ".join(str(d) for d in sorted(D_ROPES, reverse=True))
     print(f"formats: {', '.join(KV_FORMATS)}; q {q_dtypes}; D_v {D_V}, D_rope {d_ropes}; heads 1..{MAX_HEADS}; "
@@ -67,5 +69,5 @@ def _run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     i = sub.add_parser("info", help="device, architecture family, launch configs that apply, and what is unsupported",
                        description="What this library does on the current GPU (or on --arch without one).")
-    i.add_argument("--arch", help="show a declared architecture instead of the current device (e.g. sm86, gfx942)")
+    i.add_argument("--arch", help="show a declared architecture instead of the current device (e.g. sm86, gfx1151)")
     i.set_defaults(run=_run)

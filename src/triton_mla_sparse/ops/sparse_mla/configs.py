@@ -92,24 +92,43 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         (32, "fp8_ds_mla"): _L(32, 32, 8, 2, 1),
         (64, "fp8_ds_mla"): _L(32, 32, 8, 2, 1),
     },
+    # CDNA (wave64, 512 VGPRs with the accumulation registers): 16-head blocks; every larger block or tile the compile
+    # matrix tried spills registers. Unmeasured (no AMD GPU).
     "gfx942": {
-        (16, "fp8_e4m3"): _L(16, 64, 4, 2, 1),
-        (32, "fp8_e4m3"): _L(32, 64, 8, 2, 1),
-        (64, "fp8_e4m3"): _L(64, 32, 8, 2, 1),
+        (16, "fp8_e4m3"): _L(16, 16, 4, 2, 1),
+        (32, "fp8_e4m3"): _L(16, 16, 4, 2, 1),
+        (64, "fp8_e4m3"): _L(16, 16, 4, 2, 1),
         (16, "16bit"): _L(16, 32, 4, 2, 1),
-        (32, "16bit"): _L(32, 32, 8, 2, 1),
-        (64, "16bit"): _L(64, 32, 8, 2, 1),
-        (16, "fp8_ds_mla"): _L(16, 64, 4, 2, 1),
-        (32, "fp8_ds_mla"): _L(32, 64, 8, 2, 1),
-        (64, "fp8_ds_mla"): _L(64, 32, 8, 2, 1),
+        (32, "16bit"): _L(16, 32, 4, 2, 1),
+        (64, "16bit"): _L(16, 32, 4, 2, 1),
+        (16, "fp8_ds_mla"): _L(16, 16, 4, 1, 1),
+        (32, "fp8_ds_mla"): _L(16, 16, 4, 1, 1),
+        (64, "fp8_ds_mla"): _L(16, 16, 4, 1, 1),
     },
+    "gfx950": {  # native e4m3 conversions: fewer registers for the fp8 decode
+        (16, "fp8_e4m3"): _L(16, 32, 4, 1, 1),
+        (32, "fp8_e4m3"): _L(16, 32, 4, 1, 1),
+        (64, "fp8_e4m3"): _L(16, 32, 4, 1, 1),
+        (16, "16bit"): _L(16, 32, 4, 1, 1),
+        (32, "16bit"): _L(16, 32, 4, 1, 1),
+        (64, "16bit"): _L(16, 32, 4, 1, 1),
+        (16, "fp8_ds_mla"): _L(16, 32, 4, 1, 1),
+        (32, "fp8_ds_mla"): _L(16, 32, 4, 1, 1),
+        (64, "fp8_ds_mla"): _L(16, 32, 4, 1, 1),
+    },
+    # RDNA (wave32, 64 KB of LDS, 256 VGPRs): every configuration tried spills (Arch.spills); this one spills least
+    # on gfx1201 (94 VGPRs bf16, 279 fp8_ds_mla; a 64-head block ~900). Unmeasured (no RDNA GPU).
+    "gfx1100": {(hc, cc): _L(16, 16, 8, 1, 1) for hc in (16, 32, 64)
+                for cc in ("16bit", "fp8_e4m3", "fp8_ds_mla")},
 }
-# Head blocks a target cannot build: on sm100 a 64-head block's accumulators need 576 of the 512 tensor-memory columns
-# (triton 3.9 compiles it to a bare trap, 3.6 asks 451 KB of shared memory).
-MAX_BLOCK_H = {"sm100": 32}
+# Head blocks a target cannot build: on sm100/sm110 a 64-head block's accumulators need 576 of the 512 tensor-memory
+# columns (triton 3.9 compiles it to a bare trap, 3.6 asks 451 KB of shared memory); on RDNA it spills registers.
+MAX_BLOCK_H = {"sm100": 32, "sm110": 32, **{a: 32 for a in ("gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201")}}
 TABLE["sm89"] = TABLE["sm86"]
+TABLE["sm110"] = TABLE["sm100"]  # Thor: Blackwell with sm100's shared memory and tensor memory
 TABLE["sm120"] = TABLE["sm86"]
-TABLE["gfx950"] = TABLE["gfx942"]
+for _rdna in ("gfx1101", "gfx1151", "gfx1200", "gfx1201"):
+    TABLE[_rdna] = TABLE["gfx1100"]
 # Interpreter (CPU): small tiles so tests cover several steps and splits quickly.
 _INTERPRETER = Launch(16, 16, 4, 1, 1)
 
@@ -203,7 +222,7 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     block_n = overrides.pop("block_n", launch.block_n)
     if arch is not None and not interpreting() and block_h > MAX_BLOCK_H.get(arch.name, 64):
         raise ValueError(f"block_h: at most {MAX_BLOCK_H[arch.name]} on {arch.name}, got {block_h} (a larger head block "
-                         f"does not fit the architecture; Triton builds it as a trap)")
+                         f"does not fit the architecture: tensor memory on sm100/sm110, registers on RDNA)")
     n_hb = -(-H // block_h)
     slots = multiprocessor_count(device) * launch.programs_per_sm
     n_blocks = -(-topk // block_n)
