@@ -27,9 +27,9 @@ from triton_mla_sparse import capabilities
 from triton_mla_sparse.integrations.vllm import policy
 
 CUDA_CAPABILITIES = [(major, minor) for major in range(7, 14) for minor in range(10)]
-DECLARED_CUDA = {(8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)}
+DECLARED_CUDA = {(8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1)}
 HIP_TARGETS = [name for name, arch in capabilities.ARCHS.items() if arch.backend == "hip"]
-UNDECLARED_HIP = ["gfx90a", "gfx940", "gfx1100", "gfx1201"]
+UNDECLARED_HIP = ["gfx90a", "gfx940", "gfx1030", "gfx1250"]
 
 
 def api_reasons(monkeypatch, *, capability=None, hip_arch=None) -> list[str]:
@@ -125,8 +125,8 @@ def test_rocm_targets_agree(cuda_platform_module, monkeypatch):
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("ROCM_PROBE ")), None)
     assert line is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     report = json.loads(line.removeprefix("ROCM_PROBE "))
-    # ROCm's automatic sparse-MLA list is vLLM's own; ours is reached only by name.
-    assert report["priorities"] == ["ROCM_AITER_MLA_SPARSE"]
+    # ROCm's automatic sparse-MLA list, probed on gfx942: ours right after vLLM's aiter backend (the plugin's hook).
+    assert report["priorities"] == ["ROCM_AITER_MLA_SPARSE", "TRITON_MLA_SPARSE"]
     for gfx in targets:
         got = report["targets"][gfx]
         ours = api_reasons(monkeypatch, hip_arch=gfx)

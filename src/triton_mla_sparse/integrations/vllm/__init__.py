@@ -3,7 +3,8 @@
 ``triton_mla_sparse.integrations.vllm:register`` is the ``vllm.general_plugins`` entry point. Importing this package
 imports neither vLLM nor CUDA; the modules that need vLLM import it themselves:
 
-* :mod:`.plugin` — :func:`register`: backend registration, the CUDA priority hook, the indexer installation;
+* :mod:`.plugin` — :func:`register`: backend registration, the CUDA and ROCm priority hooks, the indexer
+  installation;
 * :mod:`.policy` — names, the two environment variables, the priority policy and the backend's declarations, all
   derived from :mod:`triton_mla_sparse.capabilities` (no vLLM);
 * :mod:`.backend` — the backend, metadata builder and impl classes (imports vLLM);

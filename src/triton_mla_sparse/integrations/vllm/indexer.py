@@ -12,10 +12,21 @@ value is a ``ValueError``):
     ``auto`` (default)  the Triton indexer on the CUDA platform when DeepGEMM is not usable — ``has_deep_gemm()`` is
                         False (no package) or the GPU is not one DeepGEMM supports (``support_deep_gemm()``: SM90,
                         SM10x, SM12x). vLLM's wheel vendors DeepGEMM, so ``has_deep_gemm()`` alone is True on
-                        every GPU; on SM8x its kernels then fail at run time. Also under vLLM's batch-invariant
-                        mode (``VLLM_BATCH_INVARIANT=1``), where each row is then scored and selected alone.
+                        every GPU; on SM8x its kernels then fail at run time. On the ROCm platform, on a declared
+                        gfx target where vLLM's indexer does not run on aiter's kernels (see below). Also under
+                        vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT=1``), where each row is then scored and
+                        selected alone.
     ``always``          the Triton indexer on every platform (e.g. to compare against DeepGEMM on SM90).
     ``off``             vLLM's indexer unchanged (nothing is registered).
+
+On ROCm vLLM 0.33 computes the indexer in ``SparseAttnIndexer.forward_hip`` (the DeepSeek-V3.2 / GLM-5 model of
+``vllm.models.deepseek_v32.amd`` calls it directly). It runs with aiter enabled (``VLLM_ROCM_USE_AITER=1``, the
+package installed, CDNA 3/4 or RDNA4), and without aiter on gfx11xx and gfx950 only, where the logits come from its
+PyTorch reference (``fp8_mqa_logits_torch``, ``fp8_paged_mqa_logits_torch``: a per-request Python loop for
+decodes); elsewhere (gfx942, gfx12xx without aiter) it raises. :func:`vllm_hip_route` says which, from vLLM's own
+flags. ``auto`` takes the Triton indexer wherever aiter does not serve. There, the instance also makes its cache
+layer report the unshuffled cache layout (:func:`declare_unshuffled_cache`), which the model's fused cache write
+follows, and it reads vLLM's e4m3fnuz queries (gfx942) as e4m3fn bytes (see :func:`sparse_attn_indexer`).
 
 When the Triton indexer is chosen, the instance also routes the two places of vLLM 0.33 that reach DeepGEMM
 outside the op's ``forward`` (the policy is per process, so this happens once, idempotently):
@@ -53,6 +64,7 @@ from vllm.platforms import current_platform
 from vllm.utils.torch_utils import LayerNameType, _encode_layer_name, _resolve_layer_name, direct_register_custom_op
 
 from ... import indexer_topk
+from ...capabilities import supports_capability
 from ...formats import D_INDEX
 from .policy import INDEXER_ENV, INDEXER_MODES, batch_invariant, indexer_mode, logger
 
@@ -62,6 +74,8 @@ __all__ = [
     "indexer_mode",
     "decide",
     "deep_gemm_usable",
+    "aiter_indexer_enabled",
+    "vllm_hip_route",
     "use_triton_indexer",
     "unsupported_reasons",
     "TritonSparseAttnIndexer",
@@ -69,6 +83,7 @@ __all__ = [
     "install",
     "route_vllm_call_sites",
     "declare_invariant_cache",
+    "declare_unshuffled_cache",
 ]
 
 OP_NAME = "SparseAttnIndexer"  # the key of vLLM's out-of-tree registry (the in-tree class's __name__)
@@ -90,21 +105,30 @@ def _log_once(level: int, key: str, msg: str, *args) -> None:
         logger.log(level, msg, *args)
 
 
-def decide(mode: str, *, is_cuda: bool, deep_gemm: bool, batch_invariant: bool = False) -> tuple[bool, str]:
-    """(use the Triton indexer?, why) for a mode, a platform, whether DeepGEMM is usable and whether vLLM runs
-    batch-invariant. Pure."""
+def decide(mode: str, *, is_cuda: bool, deep_gemm: bool, batch_invariant: bool = False, hip_arch: str | None = None,
+           aiter: bool = False) -> tuple[bool, str]:
+    """(use the Triton indexer?, why) for a mode, a platform — CUDA (``is_cuda``, with ``deep_gemm``: whether
+    DeepGEMM is usable), ROCm (``hip_arch``: the gfx name, with ``aiter``: whether vLLM's indexer runs on aiter's
+    kernels there) or another (neither) — and whether vLLM runs batch-invariant. Pure."""
     if mode not in INDEXER_MODES:
         raise ValueError(f"{INDEXER_ENV}: expected one of {INDEXER_MODES}, got {mode!r}")
     if mode == "off":
         return False, f"{INDEXER_ENV}=off"
     if mode == "always":
         return True, f"{INDEXER_ENV}=always"
-    if not is_cuda:
-        return False, "not the CUDA platform (vLLM has its own indexer there)"
+    if not is_cuda and hip_arch is None:
+        return False, "neither the CUDA nor the ROCm platform (vLLM has its own indexer there)"
+    gfx = None if is_cuda else hip_arch.split(":")[0]
+    if gfx is not None and not supports_capability(None, hip_arch):
+        return False, f"{gfx} is not a declared architecture of the Triton kernels"
     if batch_invariant:
-        # DeepGEMM scores prefill and decode rows with two different kernels, and vLLM claims no batch invariance
-        # for them; ours computes each row alone (indexer_topk(deterministic=True)).
+        # DeepGEMM (and vLLM's ROCm path) scores prefill and decode rows with two different kernels, and vLLM claims
+        # no batch invariance for them; ours computes each row alone (indexer_topk(deterministic=True)).
         return True, "VLLM_BATCH_INVARIANT=1"
+    if gfx is not None:
+        if aiter:
+            return False, f"vLLM's ROCm indexer runs on aiter's kernels on {gfx}"
+        return True, f"vLLM's ROCm indexer has no aiter kernels enabled on {gfx}"
     if deep_gemm:
         return False, "DeepGEMM is usable on this GPU"
     return True, "DeepGEMM is not usable on this GPU"
@@ -119,11 +143,39 @@ def deep_gemm_usable() -> bool:
     return bool(current_platform.support_deep_gemm()) and has_deep_gemm()
 
 
+def aiter_indexer_enabled() -> bool:
+    """Whether vLLM's ROCm indexer runs on aiter's kernels here: the first two terms of vLLM 0.33's condition in
+    ``SparseAttnIndexer.forward_hip`` (``rocm_aiter_ops.is_enabled()``: aiter installed, CDNA 3/4,
+    ``VLLM_ROCM_USE_AITER=1``; ``is_rdna_aiter_enabled()``: the same on RDNA4), queried from vLLM."""
+    from vllm._aiter_ops import rocm_aiter_ops
+
+    return bool(rocm_aiter_ops.is_enabled()) or bool(rocm_aiter_ops.is_rdna_aiter_enabled())
+
+
+def vllm_hip_route() -> str | None:
+    """What vLLM 0.33's ``SparseAttnIndexer.forward_hip`` computes with on this ROCm GPU, in words, or None where it
+    raises ("requires AITER or a supported native architecture"): vLLM's condition, term by term, from its flags."""
+    import vllm.platforms.rocm as rocm
+
+    if aiter_indexer_enabled():
+        return "aiter's kernels"
+    if rocm.on_gfx11():
+        return "its gfx11 path: PyTorch reference logits, vLLM's top-k"
+    if rocm.on_gfx950():
+        return "its gfx950 path: PyTorch reference logits, vLLM's top-k"
+    return None
+
+
 def use_triton_indexer() -> tuple[bool, str]:
     """:func:`decide` for this process (reads ``TRITON_MLA_SPARSE_INDEXER`` and queries vLLM's platform)."""
     mode = indexer_mode()
     if mode != "auto":
         return decide(mode, is_cuda=False, deep_gemm=False)
+    if current_platform.is_rocm():
+        import vllm.platforms.rocm as rocm
+
+        return decide(mode, is_cuda=False, deep_gemm=False, batch_invariant=batch_invariant(),
+                      hip_arch=rocm._GCN_ARCH, aiter=aiter_indexer_enabled())
     is_cuda = current_platform.is_cuda()
     invariant = is_cuda and batch_invariant()
     return decide(mode, is_cuda=is_cuda, deep_gemm=is_cuda and not invariant and deep_gemm_usable(),
@@ -194,6 +246,8 @@ class TritonSparseAttnIndexer(SparseAttnIndexer):
         self.dcp_rank = 0
         self.use_pcp = parallel_config.prefill_context_parallel_size > 1
         self.pcp_shard_decode_requests = parallel_config.pcp_shard_decode_requests
+        if current_platform.is_rocm():
+            declare_unshuffled_cache(self.k_cache)
         reasons = unsupported_reasons(
             k_cache=self.k_cache, head_dim=self.head_dim, use_fp4_cache=self.use_fp4_cache,
             compress_ratio=self.compress_ratio, candidate_blocks=self.candidate_blocks,
@@ -252,6 +306,29 @@ def declare_invariant_cache(k_cache: Any) -> None:
             "__doc__": f"{backend.__name__}, with the triton-mla-sparse indexer computing each row alone.",
             "supports_batch_invariance": classmethod(lambda cls: True)})
     k_cache.get_attn_backend = lambda: sub
+
+
+_UNSHUFFLED_CACHES: dict[type, type] = {}
+
+
+def declare_unshuffled_cache(k_cache: Any) -> None:
+    """Make the indexer's cache layer report the unshuffled layout ``[blocks, block_size, 128 + 4]``, the one this
+    module reads.
+
+    vLLM's ROCm cache layer (``DeepseekV32ROCmIndexerCache``) reports the shuffled layout aiter's reader expects
+    above block size 1, and the model's fused cache write (``fused_norm_rope``) follows what the layer reports
+    ("whether this cache's reader expects the shuffled value layout"). With this indexer as the reader, this layer —
+    not vLLM's class — gets a subclass (same name) whose ``uses_shuffled_layout`` is False."""
+    cls = type(k_cache)
+    if not isinstance(getattr(cls, "uses_shuffled_layout", None), property):
+        return
+    sub = _UNSHUFFLED_CACHES.get(cls)
+    if sub is None:
+        sub = _UNSHUFFLED_CACHES[cls] = type(cls.__name__, (cls,), {
+            "__doc__": f"{cls.__name__}, written unshuffled for the triton-mla-sparse indexer.",
+            "__module__": cls.__module__,
+            "uses_shuffled_layout": property(lambda self: False)})
+    k_cache.__class__ = sub
 
 
 def _capturing(device: torch.device) -> bool:
@@ -376,6 +453,11 @@ def sparse_attn_indexer(
         raise RuntimeError("triton-mla-sparse indexer: MXFP4 caches, candidate blocks and context parallelism are "
                            "not supported (the op's constructor rejects them)")
     md = attn_metadata[_resolve_layer_name(k_cache_prefix)]
+    if q_quant.dtype == torch.float8_e4m3fnuz:
+        # vLLM's fp8 on gfx942 (its indexer cache too): the same bytes read as e4m3fn are exactly twice each value
+        # (bias 7 instead of 8; vLLM quantizes to at most 224, so no byte is NaN in either format), so every logit
+        # of a row is four times its value and the top-k positions are the same.
+        q_quant = q_quant.view(torch.float8_e4m3fn)
 
     if not skip_k_cache_insert:
         from vllm import _custom_ops as ops

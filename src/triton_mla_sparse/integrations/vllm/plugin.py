@@ -32,9 +32,20 @@ parses arguments. ``register`` is idempotent and never changes vLLM's files. It
    If vLLM's function does not have the signature this plugin was written against, one warning is logged and only
    the automatic-selection part is skipped: the backend stays registered by name.
 
+   On the ROCm platform the same holds for ``vllm.platforms.rocm._get_backend_priorities(use_mla, use_sparse,
+   use_kv_connector)``, whose sparse-MLA list is ``[ROCM_AITER_MLA_SPARSE]`` alone: ``default`` puts
+   ``TRITON_MLA_SPARSE`` right after it on gfx942/gfx950 (where aiter's kernels exist) and first on every other
+   declared gfx target (RDNA: vLLM's backend passes validation there but has no aiter kernels to run). The gfx name
+   is vLLM's ``vllm.platforms.rocm._GCN_ARCH``, read when the list is computed (vLLM does not cache this list).
+   Each process wraps only its own platform's module (or one already imported): CUDA processes never import
+   ``vllm.platforms.rocm``, ROCm processes never import ``vllm.platforms.cuda``. vLLM 0.33's DeepSeek-V3.2 /
+   GLM-5 model for ROCm (``vllm.models.deepseek_v32.amd``) passes ``ROCMAiterMLASparseBackend`` to its attention
+   layer itself, so the list decides only for layers that ask vLLM's selector.
+
 3. on the CUDA platform, registers the DSA lightning indexer on Triton (``SparseAttnIndexer`` out of tree) for GPUs
-   where DeepGEMM is not usable; ``TRITON_MLA_SPARSE_INDEXER=auto|always|off``, see
-   :mod:`triton_mla_sparse.integrations.vllm.indexer`.
+   where DeepGEMM is not usable, and on the ROCm platform for declared gfx targets where vLLM's ``forward_hip``
+   would not run on aiter's kernels (it raises there, or computes the logits with its PyTorch reference);
+   ``TRITON_MLA_SPARSE_INDEXER=auto|always|off``, see :mod:`triton_mla_sparse.integrations.vllm.indexer`.
 
 4. routes vLLM's DSA Triton kernels (``fused_norm_rope``, ``fused_q``) through a software e4m3 cast where Triton
    has no native one (below SM 8.9); ``TRITON_MLA_SPARSE_SOFT_FP8=auto|always|off``, see
@@ -63,7 +74,8 @@ from .policy import (
     soft_fp8_mode,
 )
 
-__all__ = ["register", "backend_member", "install_priority_hook", "install_indexer", "install_soft_fp8"]
+__all__ = ["register", "backend_member", "install_priority_hook", "install_indexer", "install_soft_fp8",
+           "EXPECTED_ROCM_PRIORITY_PARAMS"]
 
 #: Parameters of ``vllm.platforms.cuda._get_backend_priorities`` in vLLM 0.33.
 EXPECTED_PRIORITY_PARAMS = (
@@ -75,6 +87,9 @@ EXPECTED_PRIORITY_PARAMS = (
     "head_size",
     "use_mm_prefix",
 )
+#: Parameters of ``vllm.platforms.rocm._get_backend_priorities`` in vLLM 0.33.
+EXPECTED_ROCM_PRIORITY_PARAMS = ("use_mla", "use_sparse", "use_kv_connector")
+PLATFORMS = ("cuda", "rocm")
 _WRAPPED_MARK = "_triton_mla_sparse_wrapped"
 _warned: set[str] = set()
 
@@ -130,6 +145,22 @@ def _cuda_platform_module() -> ModuleType | None:
     return mod
 
 
+def _rocm_platform_module() -> ModuleType | None:
+    """``vllm.platforms.rocm`` when this process runs vLLM's ROCm platform (or has imported the module), else None.
+
+    The module is not imported on other platforms: its import queries the GPU's gfx name (amdsmi, else HIP)."""
+    mod = sys.modules.get("vllm.platforms.rocm")
+    if mod is not None:
+        return mod
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_rocm():
+        return None
+    import vllm.platforms.rocm as mod
+
+    return mod
+
+
 def _make_wrapper(original: Callable) -> Callable:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
@@ -170,49 +201,82 @@ def _make_wrapper(original: Callable) -> Callable:
     return cached
 
 
-def install_priority_hook(module: ModuleType | None = None) -> bool:
-    """Wrap ``module._get_backend_priorities`` (default: ``vllm.platforms.cuda`` when this process runs CUDA).
+def _make_rocm_wrapper(original: Callable, module: ModuleType) -> Callable:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    Returns True when the wrapper is in place after the call (installed now or before), False when it is not
-    (mode ``off``, not a CUDA process, or an unexpected signature: then one warning is logged). A bad
-    ``TRITON_MLA_SPARSE_PRIORITY`` raises ``ValueError`` here and in the wrapper.
-    """
+    def _get_backend_priorities(use_mla, use_sparse, use_kv_connector=False):
+        backends = original(use_mla, use_sparse, use_kv_connector)
+        if not (use_mla and use_sparse):
+            return backends
+        ours = AttentionBackendEnum[BACKEND_NAME]
+        # The module's gfx name at call time (what vLLM's own flags derive from; select's simulation sets it).
+        return place_backend(backends, None, priority_mode(), ours, hip_arch=module._GCN_ARCH)
+
+    functools.update_wrapper(_get_backend_priorities, original)
+    setattr(_get_backend_priorities, _WRAPPED_MARK, True)
+    return _get_backend_priorities
+
+
+def _module_platform(module: ModuleType, platform: str | None) -> str:
+    if platform is None:
+        return "rocm" if module.__name__.endswith("rocm") else "cuda"
+    if platform not in PLATFORMS:
+        raise ValueError(f"platform: expected one of {PLATFORMS}, got {platform!r}")
+    return platform
+
+
+def install_priority_hook(module: ModuleType | None = None, platform: str | None = None) -> bool:
+    """Wrap ``module._get_backend_priorities`` (default: ``vllm.platforms.cuda`` and/or ``vllm.platforms.rocm``,
+    those of this process's platform or already imported).
+
+    ``platform`` (``"cuda"`` or ``"rocm"``) says which of vLLM's two functions ``module`` holds; None: ``"rocm"``
+    for a module whose name ends in ``rocm``, else ``"cuda"``. Returns True when a wrapper is in place after the
+    call (installed now or before), False when none is (mode ``off``, neither platform, or an unexpected
+    signature: then one warning is logged). A bad ``TRITON_MLA_SPARSE_PRIORITY`` raises ``ValueError`` here and in
+    the wrapper."""
     if module is None:
-        module = _cuda_platform_module()
-        if module is None:
-            return False
+        hooked = False
+        for found, name in ((_cuda_platform_module(), "cuda"), (_rocm_platform_module(), "rocm")):
+            if found is not None:
+                hooked = install_priority_hook(found, name) or hooked
+        return hooked
+    platform = _module_platform(module, platform)
     current = getattr(module, "_get_backend_priorities", None)
     if current is not None and getattr(current, _WRAPPED_MARK, False):
         return True
     if priority_mode() == "off":
         return False
-    if current is None or not callable(getattr(current, "cache_clear", None)):
+    needs_cache = platform == "cuda"  # vLLM caches the CUDA lists, not the ROCm ones
+    cached = callable(getattr(current, "cache_clear", None))
+    if current is None or not callable(current) or (needs_cache and not cached):
         _warn_once(
-            "missing",
-            "triton-mla-sparse: %s._get_backend_priorities is missing or not cached as in vLLM 0.33; %s stays "
+            f"missing:{platform}",
+            "triton-mla-sparse: %s._get_backend_priorities is missing or not %s as in vLLM 0.33; %s stays "
             "registered (--attention-backend %s) but is not auto-selected.",
-            module.__name__, BACKEND_NAME, BACKEND_NAME,
+            module.__name__, "cached" if needs_cache else "a function", BACKEND_NAME, BACKEND_NAME,
         )
         return False
+    expected = EXPECTED_PRIORITY_PARAMS if platform == "cuda" else EXPECTED_ROCM_PRIORITY_PARAMS
     try:
         params = tuple(inspect.signature(current).parameters)
     except (TypeError, ValueError):
         params = ()
-    if params != EXPECTED_PRIORITY_PARAMS:
+    if params != expected or (platform == "rocm" and not hasattr(module, "_GCN_ARCH")):
         _warn_once(
-            "signature",
+            f"signature:{platform}",
             "triton-mla-sparse: %s._get_backend_priorities%s differs from the vLLM 0.33 signature %s; %s stays "
             "registered (--attention-backend %s) but is not auto-selected.",
-            module.__name__, params, EXPECTED_PRIORITY_PARAMS, BACKEND_NAME, BACKEND_NAME,
+            module.__name__, params, expected, BACKEND_NAME, BACKEND_NAME,
         )
         return False
-    module._get_backend_priorities = _make_wrapper(current)
+    module._get_backend_priorities = _make_wrapper(current) if platform == "cuda" else _make_rocm_wrapper(current,
+                                                                                                          module)
     return True
 
 
 def install_indexer() -> bool:
     """Register the Triton DSA indexer with vLLM (see :mod:`.indexer`) unless ``TRITON_MLA_SPARSE_INDEXER=off``
-    or (``auto``) the platform is not CUDA. Returns whether it is registered after the call; a bad
+    or (``auto``) the platform is neither CUDA nor ROCm. Returns whether it is registered after the call; a bad
     ``TRITON_MLA_SPARSE_INDEXER`` raises ``ValueError``."""
     mode = indexer_mode()
     if mode == "off":
@@ -220,7 +284,7 @@ def install_indexer() -> bool:
     if mode == "auto":
         from vllm.platforms import current_platform
 
-        if not current_platform.is_cuda():
+        if not (current_platform.is_cuda() or current_platform.is_rocm()):
             return False
     from .indexer import install
 
@@ -260,7 +324,7 @@ def register() -> None:
     try:
         install_priority_hook()
     except Exception:
-        logger.exception("triton-mla-sparse: could not add %s to vLLM's CUDA backend priorities; it stays "
+        logger.exception("triton-mla-sparse: could not add %s to vLLM's backend priorities; it stays "
                          "available through --attention-backend %s", BACKEND_NAME, BACKEND_NAME)
     try:
         install_indexer()

@@ -9,7 +9,7 @@ the value is compared without case or surrounding spaces; any other value raises
 and its modes (so :func:`~triton_mla_sparse.integrations.vllm.register` stops vLLM's start-up with that message):
 
 * ``TRITON_MLA_SPARSE_PRIORITY`` = ``default`` | ``first`` | ``off`` (``auto`` is read as ``default``): where
-  :func:`policy_index` puts the backend in vLLM's CUDA sparse-MLA list;
+  :func:`policy_index` puts the backend in vLLM's CUDA MLA list and in its ROCm sparse-MLA list;
 * ``TRITON_MLA_SPARSE_INDEXER`` = ``auto`` | ``always`` | ``off``: whether the Triton DSA indexer replaces vLLM's
   (see :mod:`triton_mla_sparse.integrations.vllm.indexer`);
 * ``TRITON_MLA_SPARSE_SOFT_FP8`` = ``auto`` | ``always`` | ``off``: whether vLLM's DSA Triton kernels cast to e4m3
@@ -35,6 +35,8 @@ __all__ = [
     "SOFT_FP8_ENV",
     "SOFT_FP8_MODES",
     "SM120_PEER",
+    "ROCM_PEER",
+    "ROCM_PEER_TARGETS",
     "SUPPORTED_DTYPES",
     "SUPPORTED_KV_CACHE_DTYPES",
     "SUPPORTED_HEAD_SIZES",
@@ -69,6 +71,12 @@ _ENV_MODES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
 }
 #: The one vLLM sparse backend that precedes ours on SM 12.x.
 SM120_PEER = "FLASHINFER_MLA_SPARSE_SM120"
+#: vLLM 0.33's only sparse MLA backend on ROCm (``vllm.platforms.rocm._get_backend_priorities``).
+ROCM_PEER = "ROCM_AITER_MLA_SPARSE"
+#: The gfx targets ROCM_PEER's aiter kernels are built for (CDNA 3 and 4: vLLM's ``is_aiter_found_and_supported``
+#: requires ``get_cdna_version() > 2``); it precedes ours there. Its ``validate_configuration`` checks no
+#: architecture, so on other targets (RDNA) vLLM would pick it and fail at run time: ours goes first there.
+ROCM_PEER_TARGETS = ("gfx942", "gfx950")
 
 #: vLLM kv-cache dtype -> this package's kv_format (None: inferred from the cache tensor, bf16 or fp16).
 KV_CACHE_FORMATS: dict[str, str | None] = {
@@ -184,47 +192,70 @@ def _name(backend: object) -> str:
     return backend if isinstance(backend, str) else backend.name
 
 
-def policy_index(names: list[str], capability: tuple[int, int], mode: str = "default") -> int | None:
-    """Where ``TRITON_MLA_SPARSE`` goes in vLLM's CUDA MLA priority list ``names`` on a GPU of compute capability
-    ``capability``, or None when it is not added (mode ``off``, a capability the kernels do not support, or
-    already listed). ``default``: first on SM 8.x, right after :data:`SM120_PEER` on SM 12.x, last elsewhere.
+def policy_index(names: list[str], capability: tuple[int, int] | None, mode: str = "default", *,
+                 hip_arch: str | None = None) -> int | None:
+    """Where ``TRITON_MLA_SPARSE`` goes in vLLM's priority list ``names``, or None when it is not added (mode
+    ``off``, a GPU the kernels do not support, or already listed).
 
-    ``capability`` is a ``(major, minor)`` pair of ints (:func:`check_capability`); the old form, the major alone
-    (``policy_index(names, 9)``), raises ``ValueError``: which capabilities run is declared per (major, minor)."""
-    capability = check_capability(capability)
+    CUDA (``hip_arch`` None): vLLM's MLA list on a GPU of compute capability ``capability``; ``default``: first on
+    SM 8.x and 11.x, right after :data:`SM120_PEER` on SM 12.x, last elsewhere. ``capability`` is a ``(major,
+    minor)`` pair of ints (:func:`check_capability`); the old form, the major alone (``policy_index(names, 9)``), raises
+    ``ValueError``: which capabilities run is declared per (major, minor).
+
+    ROCm (``hip_arch``: the gfx name, e.g. ``"gfx942"`` or ``"gfx1201:xnack-"``; ``capability`` is then ignored, as
+    in :func:`~triton_mla_sparse.capabilities.arch_for_target`): vLLM's sparse-MLA list; ``default``: right after
+    :data:`ROCM_PEER` on :data:`ROCM_PEER_TARGETS`, first elsewhere (RDNA). ``first``: first everywhere."""
+    if hip_arch is None:
+        capability = check_capability(capability)
     if mode not in PRIORITY_MODES:
         raise ValueError(f"mode: expected one of {PRIORITY_MODES}, got {mode!r}")
+    if hip_arch is not None:
+        if mode == "off" or not supports_capability(None, hip_arch) or BACKEND_NAME in names:
+            return None
+        if mode == "default" and hip_arch.split(":")[0] in ROCM_PEER_TARGETS and ROCM_PEER in names:
+            return names.index(ROCM_PEER) + 1
+        return 0
     if mode == "off" or not supports_capability(capability) or BACKEND_NAME in names:
         return None
     major = capability[0]
-    if mode == "first" or major == 8:
+    if mode == "first" or major in (8, 11):  # no vLLM 0.33 sparse MLA backend runs on SM 8.x or 11.x (Thor)
         return 0
     if major == 12 and SM120_PEER in names:
         return names.index(SM120_PEER) + 1
     return len(names)
 
 
-def place_backend(backends: list, capability: tuple[int, int], mode: str, ours: object) -> list:
+def place_backend(backends: list, capability: tuple[int, int] | None, mode: str, ours: object, *,
+                  hip_arch: str | None = None) -> list:
     """A copy of ``backends`` (enum members or names) with ``ours`` inserted where :func:`policy_index` says.
-    ``capability``: a ``(major, minor)`` pair of ints, as for :func:`policy_index` (a bare major raises
-    ``ValueError``)."""
+    ``capability`` and ``hip_arch`` as for :func:`policy_index` (on CUDA a bare major raises ``ValueError``)."""
     backends = list(backends)
-    idx = policy_index([_name(b) for b in backends], capability, mode)
+    idx = policy_index([_name(b) for b in backends], capability, mode, hip_arch=hip_arch)
     if idx is not None:
         backends.insert(idx, ours)
     return backends
 
 
-def policy_sentence(capability: tuple[int, int], mode: str) -> str:
-    """One sentence on where :func:`policy_index` puts the backend on this capability in ``mode``."""
+def policy_sentence(capability: tuple[int, int] | None, mode: str, *, hip_arch: str | None = None) -> str:
+    """One sentence on where :func:`policy_index` puts the backend on this GPU in ``mode`` (``hip_arch``: a ROCm
+    gfx name, which replaces ``capability``)."""
     name = BACKEND_NAME
-    major, minor = capability = check_capability(capability)
+    if hip_arch is None:
+        major, minor = capability = check_capability(capability)
     if mode == "off":
         return f"{PRIORITY_ENV}=off: {name} only runs when selected with --attention-backend {name}"
+    if hip_arch is not None:
+        gfx = hip_arch.split(":")[0]
+        reasons = capability_reasons(hip_arch=hip_arch)
+        if reasons:
+            return f"{name} does not run here: {reasons[0]}"
+        if mode == "default" and gfx in ROCM_PEER_TARGETS:
+            return f"{name} is placed right after {ROCM_PEER} in vLLM's sparse MLA list on {gfx}"
+        return f"{name} is placed first in vLLM's sparse MLA list on {gfx}"
     reasons = capability_reasons(capability)
     if reasons:
         return f"{name} does not run here: {reasons[0]}"
-    if mode == "first" or major == 8:
+    if mode == "first" or major in (8, 11):
         return f"{name} is placed first in vLLM's MLA list on SM {major}.{minor}"
     if major == 12:
         return f"{name} is placed right after {SM120_PEER} on SM {major}.{minor}"

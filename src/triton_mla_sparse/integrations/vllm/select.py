@@ -14,6 +14,15 @@ capability (vLLM's CUDA platform class with the capability substituted); checks 
 platform module cannot be imported here) only this package's own declarations are checked and the other backends
 are not evaluated; the output says so.
 
+``--capability`` also takes ROCm gfx names (``gfx942``, ``gfx1201``; ``rocm``: every declared gfx target). Such a
+target is evaluated with vLLM's ROCm platform: its sparse-MLA priority list (with ``TRITON_MLA_SPARSE`` placed by
+the plugin), its ``get_valid_backends`` and the DSA indexer route (vLLM's ``forward_hip`` or ours, see
+:mod:`~triton_mla_sparse.integrations.vllm.indexer`). What is simulated, unless this host is a ROCm GPU of that
+name: ``vllm.platforms.rocm`` is imported with an ``amdsmi`` stand-in that reports the gfx name (vLLM reads it at
+import), its ``_GCN_ARCH`` and the ``_ON_*`` flags it derives from it are set for the target (re-derived with vLLM's
+own definitions), and vLLM's ROCm platform class answers device probes for it; aiter, like every package, answers
+for this host's installation (absent here: vLLM's aiter-only paths count as disabled).
+
 The CLI wiring: :func:`add_arguments` on the ``select`` subparser, then :func:`run` with the parsed namespace
 (:func:`select_main` does both for an argv). This module imports vLLM inside functions only.
 """
@@ -21,18 +30,23 @@ The CLI wiring: :func:`add_arguments` on the ``select`` subparser, then :func:`r
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
+import functools
+import inspect
 import json
 import logging
 import os
 import sys
 import tempfile
+import types
 import warnings
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from . import policy
 
+# (parse_target and hip_targets are not listed: the old path, triton_mla_sparse.select, re-exports this list.)
 __all__ = ["MODELS", "ModelShape", "add_arguments", "run", "select_main", "evaluate", "parse_capability",
            "format_report", "format_table"]
 
@@ -78,6 +92,32 @@ def parse_capability(text: str) -> tuple[int, int]:
     if major < 1 or not 0 <= minor <= 9:
         raise ValueError(f"--capability: expected e.g. 8.9, 89 or sm89, got {text!r}")
     return major, minor
+
+
+def hip_targets() -> list[str]:
+    """The declared ROCm gfx targets (:data:`triton_mla_sparse.capabilities.ARCHS`), in their order."""
+    from ...capabilities import ARCHS
+
+    return [a.name for a in ARCHS.values() if a.backend == "hip"]
+
+
+def parse_target(text: str) -> tuple[int, int] | str:
+    """A CUDA compute capability as :func:`parse_capability` reads it, or a ROCm gfx name (``"gfx942"``,
+    ``"gfx1201:xnack-"`` -> ``"gfx1201"``), returned as given without its feature suffix."""
+    t = text.strip().lower()
+    if t.startswith("gfx"):
+        gfx = t.split(":")[0]
+        if len(gfx) < 5 or not gfx[3:].isalnum():
+            raise ValueError(f"--capability: expected a gfx name such as gfx942 or gfx1201, got {text!r}")
+        return gfx
+    return parse_capability(text)
+
+
+def _hip_capability(gfx: str) -> tuple[int, int]:
+    """The (major, minor) HIP reports for a gfx name (gfx942 -> 9.4, gfx1201 -> 12.0), for reports without vLLM."""
+    digits = gfx[3:]
+    digits = digits[:-1] if not digits[-1].isdigit() else digits  # gfx90a
+    return (int(digits[0]), int(digits[1])) if len(digits) <= 3 else (int(digits[:2]), int(digits[2]))
 
 
 def _vllm_version() -> str | None:
@@ -141,11 +181,6 @@ def _cuda_platform_for(cuda_mod, major: int, minor: int, simulate: bool):
             return True
 
     sim = SimulatedCudaPlatform()
-    old = platforms.current_platform
-    for m in list(sys.modules.values()):  # modules that bound `current_platform` when they were imported
-        if getattr(m, "current_platform", None) is old:
-            m.current_platform = sim
-    platforms._current_platform = sim
     # Importing a backend module may run GPU code at import time (CUTLASS_MLA allocates a workspace on SM100):
     # on this host that fails with a RuntimeError, which vLLM's loop (catching ImportError/OSError) would not
     # record as a rejection reason. Turn it into an ImportError naming the cause.
@@ -161,13 +196,135 @@ def _cuda_platform_for(cuda_mod, major: int, minor: int, simulate: bool):
 
     cuda_mod._get_attn_backend_class = _get_attn_backend_class
     try:
-        yield sim
+        with _current_platform_as(sim):
+            yield sim
     finally:
         cuda_mod._get_attn_backend_class = get_class
+
+
+@contextlib.contextmanager
+def _current_platform_as(sim: Any):
+    """vLLM's current platform replaced by ``sim`` for the duration, in vLLM and in every module that bound it."""
+    import vllm.platforms as platforms
+
+    old = platforms.current_platform
+    for m in list(sys.modules.values()):  # modules that bound `current_platform` when they were imported
+        if getattr(m, "current_platform", None) is old:
+            m.current_platform = sim
+    platforms._current_platform = sim
+    try:
+        yield sim
+    finally:
         platforms._current_platform = old
         for m in list(sys.modules.values()):  # incl. modules first imported during the evaluation
             if getattr(m, "current_platform", None) is sim:
                 m.current_platform = old
+
+
+def _amdsmi_stand_in(gfx: str) -> types.ModuleType:
+    """An ``amdsmi`` that reports one GPU of ``gfx``: what ``vllm.platforms.rocm`` queries at import, on a host
+    without ROCm (the simulated platform answers the other device probes itself)."""
+    mod = types.ModuleType("amdsmi", f"triton-mla-sparse stand-in: one simulated {gfx}")
+
+    class AmdSmiException(Exception):
+        pass
+
+    mod.AmdSmiException = AmdSmiException
+    mod.AmdSmiMemoryType = types.SimpleNamespace(VRAM=0)
+    mod.amdsmi_init = mod.amdsmi_shut_down = lambda *args, **kwargs: None
+    mod.amdsmi_get_processor_handles = lambda: [0]
+    mod.amdsmi_get_gpu_asic_info = lambda handle: {"target_graphics_version": gfx, "device_id": "",
+                                                   "market_name": f"simulated AMD GPU {gfx}"}
+    mod.amdsmi_get_gpu_memory_total = lambda handle, kind: 192 << 30
+    mod.amdsmi_get_gpu_device_uuid = lambda handle: ""
+    mod.amdsmi_topo_get_link_type = lambda a, b: {"hops": 1, "type": 2}
+    mod.amdsmi_topo_get_numa_node_number = lambda handle: 0
+    return mod
+
+
+def _rocm_platform_module(gfx: str) -> types.ModuleType:
+    """``vllm.platforms.rocm``; imported here when needed, on a host that is not a ROCm GPU with vLLM's import-time
+    query (``_get_gcn_arch``: amdsmi, then HIP) answered by :func:`_amdsmi_stand_in`."""
+    mod = sys.modules.get("vllm.platforms.rocm")
+    if mod is not None:
+        return mod
+    from vllm.platforms import current_platform
+
+    if current_platform.is_rocm():
+        import vllm.platforms.rocm as mod
+
+        return mod
+    saved = sys.modules.get("amdsmi")
+    sys.modules["amdsmi"] = _amdsmi_stand_in(gfx)
+    try:
+        import vllm.platforms.rocm as mod
+    finally:
+        if saved is None:
+            del sys.modules["amdsmi"]
+        else:
+            sys.modules["amdsmi"] = saved
+    return mod
+
+
+@functools.lru_cache(maxsize=None)
+def _gcn_flag_code(rocm: types.ModuleType) -> tuple[Any, tuple[str, ...]]:
+    """vLLM's own module-level ``_ON_* = ...`` definitions (flags derived from ``_GCN_ARCH``), compiled."""
+    tree = ast.parse(inspect.getsource(rocm))
+    body = [n for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name) and n.targets[0].id.startswith("_ON_")]
+    code = compile(ast.Module(body=body, type_ignores=[]), rocm.__file__, "exec")
+    return code, tuple(n.targets[0].id for n in body)
+
+
+def _gcn_flags(rocm: types.ModuleType, gfx: str) -> dict[str, Any]:
+    """The values of vLLM's ``_ON_*`` flags for a GPU whose ``_GCN_ARCH`` is ``gfx``."""
+    code, names = _gcn_flag_code(rocm)
+    namespace: dict[str, Any] = {"_GCN_ARCH": gfx}
+    exec(code, namespace)
+    return {name: namespace[name] for name in names}
+
+
+@contextlib.contextmanager
+def _rocm_platform_for(gfx: str, simulate: bool = True):
+    """(vLLM's current platform, ``vllm.platforms.rocm``) for the evaluation of ``gfx``: the real ones, or vLLM's
+    ROCm platform class answering for ``gfx`` with the module's ``_GCN_ARCH`` and ``_ON_*`` flags set for it
+    (installed as vLLM's current platform for the duration, then all restored)."""
+    from vllm.platforms.interface import DeviceCapability
+
+    rocm = _rocm_platform_module(gfx)
+    if not simulate:
+        import vllm.platforms as platforms
+
+        yield platforms.current_platform, rocm
+        return
+
+    class SimulatedRocmPlatform(rocm.RocmPlatform):
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0):
+            return DeviceCapability(*rocm._capability_from_gcn_arch(rocm._GCN_ARCH))  # vLLM's derivation
+
+        @classmethod
+        def get_device_name(cls, device_id: int = 0) -> str:
+            return f"simulated AMD GPU {gfx}"
+
+        @classmethod
+        def get_device_total_memory(cls, device_id: int = 0) -> int:
+            return 192 << 30
+
+        @classmethod
+        def is_fully_connected(cls, physical_device_ids) -> bool:
+            return True
+
+    values = {"_GCN_ARCH": gfx, **_gcn_flags(rocm, gfx)}
+    saved = {name: getattr(rocm, name) for name in values}
+    for name, value in values.items():
+        setattr(rocm, name, value)
+    try:
+        with _current_platform_as(SimulatedRocmPlatform()) as sim:
+            yield sim, rocm
+    finally:
+        for name, value in saved.items():
+            setattr(rocm, name, value)
 
 
 def _model_config(shape: ModelShape, dtype: str, tmp: str) -> Any:
@@ -202,7 +359,7 @@ def _evaluate_vllm(report: dict, shape: ModelShape, major: int, minor: int, simu
     except (ImportError, OSError) as e:
         raise _NoVllm(f"vLLM's CUDA platform module did not import here ({type(e).__name__}: {e}); on a machine "
                       f"without the NVIDIA driver, ci/vllm-env.sh provides a libcuda.so.1 stand-in") from e
-    from vllm.config import CacheConfig, VllmConfig, set_current_vllm_config
+    from vllm.config import set_current_vllm_config
     from vllm.config.cache import is_known_kv_cache_dtype
     from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention.selector import AttentionSelectorConfig
@@ -220,13 +377,7 @@ def _evaluate_vllm(report: dict, shape: ModelShape, major: int, minor: int, simu
     cap = DeviceCapability(major, minor)
     heads = shape.num_heads // tp
     with _cuda_platform_for(cuda_mod, major, minor, simulate) as platform, tempfile.TemporaryDirectory() as tmp:
-        model_config = _model_config(shape, dtype, tmp)
-        cache_kwargs = {"cache_dtype": kv_cache_dtype}
-        if block_size is not None:
-            cache_kwargs["block_size"] = block_size
-        vllm_config = VllmConfig(model_config=model_config, cache_config=CacheConfig(**cache_kwargs))
-        # Set after construction: ParallelConfig checks TP against this host's GPU count, which is not the target.
-        vllm_config.parallel_config.tensor_parallel_size = tp
+        vllm_config = _vllm_config(shape, dtype, tp, kv_cache_dtype, block_size, tmp)
         with set_current_vllm_config(vllm_config):
             selector = AttentionSelectorConfig(
                 head_size=shape.head_size,
@@ -247,38 +398,118 @@ def _evaluate_vllm(report: dict, shape: ModelShape, major: int, minor: int, simu
             )
             valid, invalid = platform.get_valid_backends(
                 device_capability=cap, attn_selector_config=selector, num_heads=heads)
-            accepted = {c.backend: c for c in valid}
-            candidates = []
-            for prio, backend in enumerate(order):
-                try:
-                    sparse = bool(backend.get_class().is_sparse())
-                except Exception:
-                    sparse = None
-                entry = {"name": backend.name, "position": prio + 1, "sparse": sparse,
-                         "accepted": backend in accepted, "reasons": list(invalid.get(backend, (prio, []))[1])}
-                candidates.append(entry)
-            selected = min(valid, key=lambda c: c.priority).backend if valid else None
-            report["candidates"] = candidates
-            report["selected"] = selected.name if selected is not None else None
-            report["kv_cache_dtype_used"] = kv_cache_dtype
-            if selected is not None:
-                with contextlib.suppress(Exception):
-                    from vllm.model_executor.layers.attention.mla_attention import (
-                        _canonicalize_sparse_mla_kv_cache_dtype,
-                    )
-
-                    report["kv_cache_dtype_used"] = _canonicalize_sparse_mla_kv_cache_dtype(
-                        selected.get_class(), kv_cache_dtype)
+            _fill_selection(report, order, valid, invalid, kv_cache_dtype)
         report["device"] = platform.get_device_name() if not simulate else report["device"]
+
+
+def _fill_selection(report: dict, order: list, valid: list, invalid: dict, kv_cache_dtype: str) -> None:
+    """The report's candidates (vLLM's list ``order`` with each backend's verdict from vLLM's ``get_valid_backends``),
+    the backend vLLM selects (the first valid one) and the kv-cache dtype it then stores."""
+    # vLLM's CUDA platform gives (backend, priority) records and {backend: (priority, reasons)}; its ROCm platform
+    # (backend, priority) pairs and {backend: reasons}.
+    valid = [(c.backend, c.priority) if hasattr(c, "backend") else tuple(c) for c in valid]
+    invalid = {b: r[1] if isinstance(r, tuple) else r for b, r in invalid.items()}
+    accepted = {backend for backend, _ in valid}
+    candidates = []
+    for prio, backend in enumerate(order):
+        try:
+            sparse = bool(backend.get_class().is_sparse())
+        except Exception:
+            sparse = None
+        entry = {"name": backend.name, "position": prio + 1, "sparse": sparse,
+                 "accepted": backend in accepted, "reasons": list(invalid.get(backend, []))}
+        candidates.append(entry)
+    selected = min(valid, key=lambda c: c[1])[0] if valid else None
+    report["candidates"] = candidates
+    report["selected"] = selected.name if selected is not None else None
+    report["kv_cache_dtype_used"] = kv_cache_dtype
+    if selected is not None:
+        with contextlib.suppress(Exception):
+            from vllm.model_executor.layers.attention.mla_attention import _canonicalize_sparse_mla_kv_cache_dtype
+
+            report["kv_cache_dtype_used"] = _canonicalize_sparse_mla_kv_cache_dtype(selected.get_class(),
+                                                                                    kv_cache_dtype)
+
+
+def _vllm_config(shape: ModelShape, dtype: str, tp: int, kv_cache_dtype: str, block_size: int | None,
+                 tmp: str) -> Any:
+    from vllm.config import CacheConfig, VllmConfig
+
+    cache_kwargs = {"cache_dtype": kv_cache_dtype}
+    if block_size is not None:
+        cache_kwargs["block_size"] = block_size
+    vllm_config = VllmConfig(model_config=_model_config(shape, dtype, tmp), cache_config=CacheConfig(**cache_kwargs))
+    # Set after construction: ParallelConfig checks TP against this host's GPU count, which is not the target.
+    vllm_config.parallel_config.tensor_parallel_size = tp
+    return vllm_config
+
+
+def _evaluate_vllm_rocm(report: dict, shape: ModelShape, gfx: str, simulate: bool, tp: int, dtype: str,
+                        kv_cache_dtype: str, block_size: int | None) -> None:
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.config.cache import is_known_kv_cache_dtype
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    from . import plugin
+
+    if not is_known_kv_cache_dtype(kv_cache_dtype):
+        raise ValueError(f"--kv-cache-dtype: {kv_cache_dtype!r} is not a vLLM kv-cache dtype")
+    plugin.register()
+    heads = shape.num_heads // tp
+    with _rocm_platform_for(gfx, simulate) as (platform, rocm), tempfile.TemporaryDirectory() as tmp:
+        if not plugin.install_priority_hook(rocm, "rocm"):
+            report["notes"].append(f"{policy.BACKEND_NAME} is not in vLLM's priority list "
+                                   f"({policy.PRIORITY_ENV}={policy.priority_mode()} or an unexpected vLLM "
+                                   f"signature): only --attention-backend {policy.BACKEND_NAME} selects it")
+        cap = platform.get_device_capability()
+        report["capability"] = f"{cap.major}.{cap.minor}"
+        vllm_config = _vllm_config(shape, dtype, tp, kv_cache_dtype, block_size, tmp)
+        with set_current_vllm_config(vllm_config):
+            selector = AttentionSelectorConfig(head_size=shape.head_size, dtype=getattr(torch, dtype),
+                                               kv_cache_dtype=kv_cache_dtype, block_size=block_size, use_mla=True,
+                                               use_sparse=True)
+            order = rocm._get_backend_priorities(selector.use_mla, selector.use_sparse, selector.use_kv_connector)
+            valid, invalid = platform.get_valid_backends(device_capability=cap, attn_selector_config=selector,
+                                                         num_heads=heads)
+            _fill_selection(report, order, valid, invalid, kv_cache_dtype)
+            from . import indexer
+
+            triton, why = indexer.use_triton_indexer()
+            report["indexer"] = {"triton": triton, "why": why, "vllm_route": indexer.vllm_hip_route()}
+        if not simulate:
+            report["device"] = platform.get_device_name()
+    report["notes"].append("vLLM 0.33's DeepSeek-V3.2 / GLM-5 model for ROCm (vllm.models.deepseek_v32.amd) passes "
+                           "ROCM_AITER_MLA_SPARSE to its attention layers itself: this list decides for layers that "
+                           "ask vLLM's selector")
 
 
 class _NoVllm(Exception):
     pass
 
 
+def _local_hip_arch() -> str | None:
+    try:
+        import torch
+
+        if getattr(torch.version, "hip", None) and torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
+    except Exception:
+        pass
+    return None
+
+
 def evaluate(*, capability: tuple[int, int] | None, shape: ModelShape, tp: int = 1, dtype: str = "bfloat16",
-             kv_cache_dtype: str = "auto", block_size: int | None = None, use_vllm: bool = True) -> dict:
-    """The selection report for one configuration (see the module docstring); ``capability=None``: this GPU."""
+             kv_cache_dtype: str = "auto", block_size: int | None = None, use_vllm: bool = True,
+             hip_arch: str | None = None) -> dict:
+    """The selection report for one configuration (see the module docstring); ``capability=None``: this GPU.
+    ``hip_arch``: a ROCm gfx name to evaluate instead (``capability`` is then ignored); the report then also has
+    ``hip_arch`` and ``indexer`` (the DSA indexer route: ``triton``, ``why``, ``vllm_route``)."""
+    if capability is None and hip_arch is None:
+        hip_arch = _local_hip_arch()
+    if hip_arch is not None:
+        return _evaluate_rocm(hip_arch=hip_arch, shape=shape, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                              block_size=block_size, use_vllm=use_vllm)
     local = _local_capability()
     if capability is None:
         if local is None:
@@ -288,41 +519,13 @@ def evaluate(*, capability: tuple[int, int] | None, shape: ModelShape, tp: int =
     simulate = local != (major, minor)
     if shape.num_heads % tp:
         raise ValueError(f"--tp: {shape.num_heads} heads do not split over {tp} GPUs")
-    report = {
-        "capability": f"{major}.{minor}",
-        "device": (f"simulated SM {major}.{minor} (this host has no such GPU: vLLM's device probes answer for "
-                   f"SM {major}.{minor}, package checks for this host's installation)") if simulate else "this GPU",
-        "model": {"label": shape.label, **{k: v for k, v in asdict(shape).items() if k != "label"}},
-        "tp": tp,
-        "heads_per_gpu": shape.num_heads // tp,
-        "head_size": shape.head_size,
-        "dtype": dtype,
-        "kv_cache_dtype": kv_cache_dtype,
-        "block_size": block_size,
-        "priority_mode": policy.priority_mode(),
-        "vllm_version": _vllm_version(),
-        "validation": None,
-        "selected": None,
-        "kv_cache_dtype_used": None,
-        "candidates": [],
-        "notes": [],
-    }
-    if use_vllm and report["vllm_version"] is not None:
-        try:
-            with _quiet_vllm_logs(), warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                warnings.simplefilter("ignore", DeprecationWarning)
-                _evaluate_vllm(report, shape, major, minor, simulate, tp, dtype, kv_cache_dtype, block_size)
-            report["validation"] = "vllm"
-            return report
-        except _NoVllm as e:
-            report["notes"].append(str(e))
-        except ValueError:
-            raise
-        except Exception as e:  # a vLLM this code does not know: say so, fall back to the declarations
-            report["notes"].append(f"vLLM's evaluation failed here ({type(e).__name__}: {e})")
-    elif report["vllm_version"] is None:
-        report["notes"].append("vLLM is not installed: only TRITON_MLA_SPARSE's own declarations were checked")
+    report = _new_report(f"{major}.{minor}", (f"simulated SM {major}.{minor} (this host has no such GPU: vLLM's "
+                                              f"device probes answer for SM {major}.{minor}, package checks for this "
+                                              f"host's installation)") if simulate else "this GPU",
+                         shape, tp, dtype, kv_cache_dtype, block_size)
+    if _try_vllm(report, use_vllm, lambda: _evaluate_vllm(report, shape, major, minor, simulate, tp, dtype,
+                                                          kv_cache_dtype, block_size)):
+        return report
     # This package's declarations only.
     report["validation"] = "declarations"
     if simulate:
@@ -342,13 +545,93 @@ def evaluate(*, capability: tuple[int, int] | None, shape: ModelShape, tp: int =
     return report
 
 
+def _new_report(capability: str, device: str, shape: ModelShape, tp: int, dtype: str, kv_cache_dtype: str,
+                block_size: int | None) -> dict:
+    return {
+        "capability": capability,
+        "device": device,
+        "model": {"label": shape.label, **{k: v for k, v in asdict(shape).items() if k != "label"}},
+        "tp": tp,
+        "heads_per_gpu": shape.num_heads // tp,
+        "head_size": shape.head_size,
+        "dtype": dtype,
+        "kv_cache_dtype": kv_cache_dtype,
+        "block_size": block_size,
+        "priority_mode": policy.priority_mode(),
+        "vllm_version": _vllm_version(),
+        "validation": None,
+        "selected": None,
+        "kv_cache_dtype_used": None,
+        "candidates": [],
+        "notes": [],
+    }
+
+
+def _try_vllm(report: dict, use_vllm: bool, run_vllm) -> bool:
+    """Run vLLM's evaluation into ``report``; False (with a note) when it cannot run here."""
+    if use_vllm and report["vllm_version"] is not None:
+        try:
+            with _quiet_vllm_logs(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                run_vllm()
+            report["validation"] = "vllm"
+            return True
+        except _NoVllm as e:
+            report["notes"].append(str(e))
+        except ValueError:
+            raise
+        except Exception as e:  # a vLLM this code does not know: say so, fall back to the declarations
+            report["notes"].append(f"vLLM's evaluation failed here ({type(e).__name__}: {e})")
+    elif report["vllm_version"] is None:
+        report["notes"].append("vLLM is not installed: only TRITON_MLA_SPARSE's own declarations were checked")
+    return False
+
+
+def _evaluate_rocm(*, hip_arch: str, shape: ModelShape, tp: int, dtype: str, kv_cache_dtype: str,
+                   block_size: int | None, use_vllm: bool) -> dict:
+    gfx = hip_arch.split(":")[0].lower()
+    if shape.num_heads % tp:
+        raise ValueError(f"--tp: {shape.num_heads} heads do not split over {tp} GPUs")
+    simulate = _local_hip_arch() != gfx
+    major, minor = _hip_capability(gfx)
+    report = _new_report(f"{major}.{minor}", (f"simulated {gfx} (this host has no such GPU: vLLM's ROCm platform "
+                                              f"answers for {gfx}, package checks (aiter included) for this host's "
+                                              "installation)") if simulate else "this GPU",
+                         shape, tp, dtype, kv_cache_dtype, block_size)
+    report["hip_arch"] = gfx
+    report["indexer"] = None
+    if _try_vllm(report, use_vllm, lambda: _evaluate_vllm_rocm(report, shape, gfx, simulate, tp, dtype,
+                                                               kv_cache_dtype, block_size)):
+        return report
+    report["validation"] = "declarations"
+    if simulate:
+        report["device"] = "as given (no GPU probed)"
+    reasons = policy.static_reasons(capability=(major, minor), hip_arch=gfx, head_size=shape.head_size, dtype=dtype,
+                                    kv_cache_dtype=kv_cache_dtype, kv_lora_rank=shape.kv_lora_rank,
+                                    qk_rope_head_dim=shape.qk_rope_head_dim, index_topk=shape.index_topk,
+                                    heads=shape.num_heads // tp)
+    idx = policy.policy_index([], None, report["priority_mode"], hip_arch=gfx)
+    report["candidates"] = [{"name": policy.BACKEND_NAME, "position": None, "sparse": True,
+                             "accepted": not reasons, "reasons": reasons}]
+    if idx is None:
+        report["notes"].append(f"{policy.BACKEND_NAME} is not in vLLM's automatic list here "
+                               f"(mode {report['priority_mode']}, {gfx})")
+    report["notes"].append(policy.policy_sentence(None, report["priority_mode"], hip_arch=gfx))
+    return report
+
+
 def format_report(report: dict, show_all: bool = False) -> str:
     """The text form of one :func:`evaluate` report."""
     m = report["model"]
     lines = []
     how = "vLLM's own backend validation" if report["validation"] == "vllm" else "TRITON_MLA_SPARSE's declarations only"
     lines.append(f"sparse MLA backend selection — vLLM {report['vllm_version'] or '(not installed)'}, {how}")
-    lines.append(f"  GPU:    SM {report['capability']}, {report['device']}")
+    if report.get("hip_arch"):
+        lines.append(f"  GPU:    {report['hip_arch']} (ROCm; vLLM's capability {report['capability']}), "
+                     f"{report['device']}")
+    else:
+        lines.append(f"  GPU:    SM {report['capability']}, {report['device']}")
     lines.append(f"  model:  {m['label']}: {m['num_heads']} heads / TP {report['tp']} = {report['heads_per_gpu']} per "
                  f"GPU; kv_lora_rank {m['kv_lora_rank']}, qk_nope {m['qk_nope_head_dim']}, qk_rope "
                  f"{m['qk_rope_head_dim']}, v_head {m['v_head_dim']}, index_topk {m['index_topk']} "
@@ -385,9 +668,21 @@ def format_report(report: dict, show_all: bool = False) -> str:
         for c in report["candidates"]:
             status = "accepted" if c["accepted"] else "rejected: " + "; ".join(c["reasons"])
             lines.append(f"  {c['name']}: {status}")
+    if report.get("indexer"):
+        lines.append(f"  DSA indexer: {_indexer_route(report['indexer'])}")
     for note in report["notes"]:
         lines.append(f"  note: {note}")
     return "\n".join(lines)
+
+
+def _indexer_route(indexer: dict, short: bool = False) -> str:
+    """"Triton (why)" or "vLLM's: its route (why)" for a report's ``indexer`` entry."""
+    vllm = indexer["vllm_route"] or "none (its forward_hip raises here)"
+    if short:
+        return "Triton" if indexer["triton"] else "vLLM's"
+    if indexer["triton"]:
+        return f"Triton (triton-mla-sparse): {indexer['why']}; vLLM's own here: {vllm}"
+    return f"vLLM's, {vllm}: {indexer['why']}"
 
 
 DESCRIPTION = ("Which sparse MLA attention backend vLLM will use for a model on a GPU, and why the others are "
@@ -396,8 +691,9 @@ DESCRIPTION = ("Which sparse MLA attention backend vLLM will use for a model on 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``select`` options to ``p`` (the ``select`` subparser of ``triton-mla-sparse``); returns ``p``."""
-    p.add_argument("--capability", "-c", help="CUDA compute capability, e.g. 8.9, 89 or sm89, or a comma-separated "
-                   "list (default: this GPU)")
+    p.add_argument("--capability", "-c", help="CUDA compute capability, e.g. 8.9, 89 or sm89, a ROCm gfx name, e.g. "
+                   "gfx942 or gfx1201 ('rocm': every declared gfx target), or a comma-separated list (default: this "
+                   "GPU)")
     p.add_argument("--model", "-m", choices=sorted(MODELS), help="model shape: glm5 (GLM-5/5.1) or dsv32 "
                    "(DeepSeek-V3.2); the dims below override it")
     p.add_argument("--heads", type=int, help="attention heads of the whole model (before TP)")
@@ -430,30 +726,40 @@ def _ok(report: dict) -> bool:
 
 
 def format_table(reports: list[dict]) -> str:
-    """One line per (capability, kv-cache dtype): the backend vLLM uses and how TRITON_MLA_SPARSE fared."""
+    """One line per (GPU, kv-cache dtype): the backend vLLM uses and how TRITON_MLA_SPARSE fared (on ROCm targets
+    also the DSA indexer route)."""
 
     r0 = reports[0]
     m = r0["model"]
     how = "vLLM's own backend validation" if r0["validation"] == "vllm" else "TRITON_MLA_SPARSE's declarations only"
+    rocm = any(r.get("hip_arch") for r in reports)
+    labels = [r.get("hip_arch") or r["capability"] for r in reports]
+    width = max([5] + [len(label) + 1 for label in labels]) if rocm else 5
     lines = [f"sparse MLA backend selection — vLLM {r0['vllm_version'] or '(not installed)'}, {how}",
              f"model {m['label']}: {m['num_heads']} heads / TP {r0['tp']} = {r0['heads_per_gpu']} per GPU, head_size "
              f"{r0['head_size']}, index_topk {m['index_topk']}; dtype {r0['dtype']}; TRITON_MLA_SPARSE_PRIORITY="
              f"{r0['priority_mode']}",
-             f"{'SM':<5} {'kv-cache-dtype':<15} {'vLLM uses':<29} {policy.BACKEND_NAME}"]
-    for r in reports:
+             f"{'GPU' if rocm else 'SM':<{width}} {'kv-cache-dtype':<15} {'vLLM uses':<29} {policy.BACKEND_NAME}"]
+    for r, label in zip(reports, labels):
         ours = next((c for c in r["candidates"] if c["name"] == policy.BACKEND_NAME), None)
         if ours is None:
             mine = "not in vLLM's list"
         else:
             pos = f"#{ours['position']}/{len(r['candidates'])} " if ours["position"] is not None else ""
             mine = pos + ("accepted" if ours["accepted"] else "rejected: " + "; ".join(dict.fromkeys(ours["reasons"])))
+        if r.get("indexer"):
+            mine += f"; DSA indexer: {_indexer_route(r['indexer'], short=True)}"
         uses = r["selected"] or ("-" if r["validation"] == "vllm" else "(vLLM not evaluated)")
         if r["selected"] and r["kv_cache_dtype_used"] != r["kv_cache_dtype"]:
             uses += f" ({r['kv_cache_dtype_used']})"
-        lines.append(f"{r['capability']:<5} {r['kv_cache_dtype']:<15} {uses:<29} {mine}")
-    if any(r["validation"] == "vllm" and r["device"] != "this GPU" for r in reports):
+        lines.append(f"{label:<{width}} {r['kv_cache_dtype']:<15} {uses:<29} {mine}")
+    simulated = [r for r in reports if r["validation"] == "vllm" and r["device"] != "this GPU"]
+    if any(not r.get("hip_arch") for r in simulated):
         lines.append("(capabilities other than this host's GPU are simulated: vLLM's device probes answer for them, "
                      "package checks for this host's installation)")
+    if any(r.get("hip_arch") for r in simulated):
+        lines.append("(gfx targets other than this host's GPU are simulated: vLLM's ROCm platform answers for the gfx "
+                     "name, package checks (aiter included) for this host's installation)")
     return "\n".join(lines)
 
 
@@ -468,10 +774,13 @@ def run(args: argparse.Namespace) -> int:
     requested configuration (without vLLM: when TRITON_MLA_SPARSE's own checks pass), 1 when some configuration has
     none, 2 on bad arguments (or a bad ``TRITON_MLA_SPARSE_PRIORITY``).
 
-    ``--capability`` and ``--kv-cache-dtype`` take comma-separated lists; several configurations print one table
-    line each (``--details`` adds the full reports; ``--json`` prints a list of reports)."""
+    ``--capability`` (compute capabilities and gfx names) and ``--kv-cache-dtype`` take comma-separated lists;
+    several configurations print one table line each (``--details`` adds the full reports; ``--json`` prints a list
+    of reports)."""
     try:
-        capabilities = [parse_capability(c) for c in args.capability.split(",")] if args.capability else [None]
+        targets: list = []
+        for c in args.capability.split(",") if args.capability else []:
+            targets += hip_targets() if c.strip().lower() == "rocm" else [parse_target(c)]
         kv_dtypes = [k.strip() for k in args.kv_cache_dtype.split(",") if k.strip()]
         if args.model is None and args.heads is None:
             raise ValueError("--model: give --model glm5|dsv32 or at least --heads (other dims default to "
@@ -484,9 +793,10 @@ def run(args: argparse.Namespace) -> int:
             shape = replace(shape, **dims, label=shape.label + (" (custom dims)" if args.model else ""))
         if args.tp < 1:
             raise ValueError(f"--tp: expected a positive integer, got {args.tp}")
-        reports = [evaluate(capability=cap, shape=shape, tp=args.tp, dtype=args.dtype, kv_cache_dtype=kv,
-                            block_size=args.block_size, use_vllm=not args.no_vllm)
-                   for cap in capabilities for kv in kv_dtypes]
+        reports = [evaluate(capability=None if isinstance(t, str) else t, hip_arch=t if isinstance(t, str) else None,
+                            shape=shape, tp=args.tp, dtype=args.dtype, kv_cache_dtype=kv, block_size=args.block_size,
+                            use_vllm=not args.no_vllm)
+                   for t in targets or [None] for kv in kv_dtypes]
     except ValueError as e:
         print(f"triton-mla-sparse select: {e}", file=sys.stderr)
         return 2
