@@ -174,7 +174,8 @@ def _valid_backends(platform, vllm_config, kv_cache_dtype):
 @pytest.mark.parametrize("gfx", HIP + UNDECLARED)
 def test_vllm_get_valid_backends_picks(rocm_platform, vllm_configs, monkeypatch, gfx):
     """vLLM's own RocmPlatform.get_valid_backends over the wrapped list: ROCM_AITER_MLA_SPARSE where it precedes ours
-    (its validation checks no architecture; it rejects fp8_ds_mla), ours first on RDNA."""
+    (its validation checks no architecture; it rejects fp8_ds_mla), ours first on RDNA; ours refuses fp8 caches on
+    ROCm (vLLM's DSA model quantizes q for them; gfx942 writes float8_e4m3fnuz)."""
     monkeypatch.delenv(policy.PRIORITY_ENV, raising=False)
     platform, mod = rocm_platform(gfx)
     plugin.register()
@@ -182,6 +183,11 @@ def test_vllm_get_valid_backends_picks(rocm_platform, vllm_configs, monkeypatch,
         valid, invalid = _valid_backends(platform, vllm_configs["glm5"], kv)
         if gfx in UNDECLARED:
             assert policy.BACKEND_NAME not in valid + list(invalid)
+            continue
+        if kv in ("fp8", "fp8_ds_mla"):  # the ROCm DSA model quantizes q for fp8 caches; gfx942 writes e4m3fnuz
+            reason = invalid[policy.BACKEND_NAME][0]
+            assert "quantizes q to fp8" in reason and ("float8_e4m3fnuz" in reason) is (gfx == "gfx942"), invalid
+            assert policy.BACKEND_NAME not in valid
             continue
         assert policy.BACKEND_NAME in valid, invalid
         if kv == "fp8_ds_mla":
@@ -407,7 +413,10 @@ def test_select_evaluates_rocm_targets(cuda_platform_module, monkeypatch, gfx):
         order = [c["name"] for c in r["candidates"]]
         assert order == ([policy.ROCM_PEER, policy.BACKEND_NAME] if gfx in PEERED
                          else [policy.BACKEND_NAME, policy.ROCM_PEER])
-        assert r["selected"] == (policy.ROCM_PEER if gfx in PEERED and kv == "auto" else policy.BACKEND_NAME)
+        if kv == "fp8_ds_mla":  # no backend: aiter rejects it, ours too on ROCm
+            assert r["selected"] is None
+        else:
+            assert r["selected"] == (policy.ROCM_PEER if gfx in PEERED and kv == "auto" else policy.BACKEND_NAME)
         assert r["indexer"]["triton"] is True  # no aiter on this host
         assert (r["indexer"]["vllm_route"] is None) is (gfx in ("gfx942",) or gfx.startswith("gfx12"))
         assert r["capability"] == "{}.{}".format(*_hip_capability(gfx))  # vLLM's derivation = the no-vLLM one
@@ -443,3 +452,46 @@ def test_select_rocm_declarations_only(capsys):
         assert "compute capability not supported" in capsys.readouterr().out
     assert select_main(["-c", "gfx9-4", "-m", "glm5"]) == 2
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("gfx", ["gfx942", "gfx1201"])
+@pytest.mark.parametrize("kv", ["fp8", "fp8_e4m3", "fp8_ds_mla"])
+def test_impl_refuses_fp8_caches_on_rocm(rocm_platform, kv, gfx):
+    """A model that names the backend itself (vLLM's ROCm DSA model does) skips vLLM's validation: the impl
+    refuses at construction what supports_combination refuses (that model quantizes q for fp8 caches; gfx942's
+    fp8 is float8_e4m3fnuz)."""
+    from triton_mla_sparse.integrations.vllm.backend import TritonMLASparseImpl
+
+    rocm_platform(gfx)
+    args = dict(num_heads=8, head_size=576, scale=0.0625, num_kv_heads=1, alibi_slopes=None, sliding_window=None,
+                kv_cache_dtype=kv, logits_soft_cap=None, attn_type="decoder", kv_sharing_target_layer_name=None,
+                q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, qk_head_dim=256,
+                v_head_dim=256, kv_b_proj=None)
+    with pytest.raises(NotImplementedError, match="quantizes q to fp8" + (".*float8_e4m3fnuz" if gfx == "gfx942"
+                                                                           else "")):
+        TritonMLASparseImpl(**args)
+
+
+@pytest.mark.parametrize("gfx,mode,ours", [("gfx1201", "default", True), ("gfx1100", "default", True),
+                                           ("gfx942", "default", False), ("gfx950", "default", False),
+                                           ("gfx942", "first", True), ("gfx1201", "off", False),
+                                           ("gfx90a", "first", False)])
+def test_rocm_dsa_model_route(rocm_platform, monkeypatch, gfx, mode, ours):
+    """vLLM's ROCm DSA attention layer names its backend itself (the module global read in its __init__); the
+    plugin points that global at ours where ours goes before aiter's backend, idempotently."""
+    import importlib
+    import inspect
+
+    from triton_mla_sparse.integrations.vllm.backend import TritonMLASparseBackend
+
+    monkeypatch.setenv(policy.PRIORITY_ENV, mode)
+    rocm_platform(gfx)
+    module = importlib.import_module(plugin.ROCM_DSA_MODULE)
+    assert f"attn_backend={plugin.ROCM_DSA_GLOBAL}" in inspect.getsource(module.DeepseekV32MLAAttention.__init__)
+    from vllm.v1.attention.backends.mla.rocm_aiter_mla_sparse import ROCMAiterMLASparseBackend
+
+    # vLLM's own value (an earlier register() under a simulated RDNA GPU may have re-pointed it); restored after
+    monkeypatch.setattr(module, plugin.ROCM_DSA_GLOBAL, ROCMAiterMLASparseBackend)
+    for _ in range(2):
+        assert plugin.install_rocm_dsa_route() is ours
+        assert (getattr(module, plugin.ROCM_DSA_GLOBAL) is TritonMLASparseBackend) is ours

@@ -85,11 +85,12 @@ from ...capabilities import Q_DTYPES, supports_capability
 from ...formats import D_ROPE
 from .policy import (
     BACKEND_NAME,
-    batch_invariant,
     KV_CACHE_FORMATS,
     KV_LORA_RANK,
     SUPPORTED_HEAD_SIZES,
+    batch_invariant,
     model_reasons,
+    platform_reasons,
 )
 
 __all__ = [
@@ -179,15 +180,17 @@ class TritonMLASparseBackend(AttentionBackend):
     ) -> str | None:
         from vllm.config import get_current_vllm_config_or_none
 
+        platform = platform_reasons(kv_cache_dtype or "auto", _rocm_arch())
         vllm_config = get_current_vllm_config_or_none()
         if vllm_config is None or vllm_config.model_config is None:
-            return None
+            return "; ".join(platform) if platform else None
         model_config = vllm_config.model_config
         hf = model_config.hf_text_config
         reasons = model_reasons(kv_lora_rank=getattr(hf, "kv_lora_rank", KV_LORA_RANK),
                                 qk_rope_head_dim=getattr(hf, "qk_rope_head_dim", D_ROPE),
                                 index_topk=getattr(hf, "index_topk", None),
                                 heads=model_config.get_num_attention_heads(vllm_config.parallel_config))
+        reasons = platform + reasons
         return "; ".join(reasons) if reasons else None
 
 
@@ -251,6 +254,10 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
         if kv_cache_dtype not in KV_CACHE_FORMATS:
             raise NotImplementedError(
                 f"{BACKEND_NAME} supports kv_cache_dtype {tuple(KV_CACHE_FORMATS)}, got {kv_cache_dtype!r}")
+        # Also here: a model that names this backend itself skips vLLM's validation (supports_combination).
+        platform = platform_reasons(kv_cache_dtype, _rocm_arch())
+        if platform:
+            raise NotImplementedError("; ".join(platform))
         super().__init__(
             num_heads,
             head_size,

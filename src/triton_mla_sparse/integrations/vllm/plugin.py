@@ -67,15 +67,17 @@ from typing import Any, Callable
 from .policy import (
     BACKEND_CLASS_PATH,
     BACKEND_NAME,
+    ROCM_PEER,
     indexer_mode,
     logger,
     place_backend,
+    policy_index,
     priority_mode,
     soft_fp8_mode,
 )
 
 __all__ = ["register", "backend_member", "install_priority_hook", "install_indexer", "install_soft_fp8",
-           "EXPECTED_ROCM_PRIORITY_PARAMS"]
+           "install_rocm_dsa_route", "EXPECTED_ROCM_PRIORITY_PARAMS", "ROCM_DSA_MODULE", "ROCM_DSA_GLOBAL"]
 
 #: Parameters of ``vllm.platforms.cuda._get_backend_priorities`` in vLLM 0.33.
 EXPECTED_PRIORITY_PARAMS = (
@@ -274,6 +276,44 @@ def install_priority_hook(module: ModuleType | None = None, platform: str | None
     return True
 
 
+#: vLLM 0.33's ROCm DeepSeek-V3.2 / GLM-5 attention layer passes this module global as its backend itself
+#: (``DeepseekV32MLAAttention.__init__``: ``attn_backend=ROCMAiterMLASparseBackend``), bypassing the selector.
+ROCM_DSA_MODULE = "vllm.models.deepseek_v32.amd.rocm"
+ROCM_DSA_GLOBAL = "ROCMAiterMLASparseBackend"
+
+
+def install_rocm_dsa_route(module: ModuleType | None = None, hip_arch: str | None = None) -> bool:
+    """On ROCm, point the DSA model's own backend choice (:data:`ROCM_DSA_GLOBAL` of :data:`ROCM_DSA_MODULE`) at
+    ``TRITON_MLA_SPARSE`` where :func:`~.policy.policy_index` puts ours before vLLM's aiter backend: RDNA by
+    default (aiter has no kernels there), every declared gfx target with ``TRITON_MLA_SPARSE_PRIORITY=first``.
+
+    ``module``/``hip_arch`` default to vLLM's model module and ``vllm.platforms.rocm._GCN_ARCH`` (only in a ROCm
+    process). Returns whether the model's layers get ours; idempotent."""
+    if module is None:
+        rocm = _rocm_platform_module()
+        from vllm.platforms import current_platform
+
+        if rocm is None or not current_platform.is_rocm():
+            return False
+        hip_arch = rocm._GCN_ARCH
+        import importlib
+
+        module = importlib.import_module(ROCM_DSA_MODULE)
+    from .backend import TritonMLASparseBackend
+
+    current = getattr(module, ROCM_DSA_GLOBAL, None)
+    if current is TritonMLASparseBackend:
+        return True
+    if current is None or getattr(current, "get_name", lambda: None)() != ROCM_PEER:
+        _warn_once("rocm-dsa", "triton-mla-sparse: %s.%s is not vLLM 0.33's %s; the ROCm DSA model keeps its own "
+                   "backend.", module.__name__, ROCM_DSA_GLOBAL, ROCM_PEER)
+        return False
+    if policy_index([ROCM_PEER], None, priority_mode(), hip_arch=hip_arch) != 0:
+        return False
+    setattr(module, ROCM_DSA_GLOBAL, TritonMLASparseBackend)
+    return True
+
+
 def install_indexer() -> bool:
     """Register the Triton DSA indexer with vLLM (see :mod:`.indexer`) unless ``TRITON_MLA_SPARSE_INDEXER=off``
     or (``auto``) the platform is neither CUDA nor ROCm. Returns whether it is registered after the call; a bad
@@ -326,6 +366,11 @@ def register() -> None:
     except Exception:
         logger.exception("triton-mla-sparse: could not add %s to vLLM's backend priorities; it stays "
                          "available through --attention-backend %s", BACKEND_NAME, BACKEND_NAME)
+    try:
+        install_rocm_dsa_route()
+    except Exception:
+        logger.exception("triton-mla-sparse: could not route vLLM's ROCm DSA model to %s; it keeps aiter's backend",
+                         BACKEND_NAME)
     try:
         install_indexer()
     except Exception:

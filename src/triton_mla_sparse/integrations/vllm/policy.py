@@ -50,6 +50,8 @@ __all__ = [
     "batch_invariant",
     "model_reasons",
     "static_reasons",
+    "platform_reasons",
+    "FNUZ_FP8_TARGETS",
     "policy_index",
     "place_backend",
     "policy_sentence",
@@ -161,6 +163,27 @@ def check_capability(capability: object) -> tuple[int, int]:
     raise ValueError(f"capability: expected a (major, minor) pair of ints, got {capability!r}")
 
 
+#: ROCm targets whose fp8 KV cache vLLM writes as float8_e4m3fnuz (``current_platform.fp8_dtype()``); the kernels read
+#: OCP e4m3 (float8_e4m3fn), which would decode each stored value as twice the written one.
+FNUZ_FP8_TARGETS = ("gfx942",)
+
+
+def platform_reasons(kv_cache_dtype: str, hip_arch: str | None) -> list[str]:
+    """Why this KV cache format cannot be used on this GPU (beyond the capability declaration); empty when it can.
+
+    On ROCm, fp8 caches: vLLM 0.33's DSA model there (the only sparse MLA model that reaches a backend on ROCm)
+    quantizes q to fp8 for them whatever the backend declares, and these kernels take bf16/fp16 q; on gfx942 vLLM
+    also writes float8_e4m3fnuz."""
+    gfx = hip_arch.split(":")[0] if hip_arch else None
+    fp8 = kv_cache_dtype in KV_CACHE_FORMATS and (KV_CACHE_FORMATS[kv_cache_dtype] or "").startswith("fp8")
+    if not (fp8 and gfx):
+        return []
+    why = f"vLLM's ROCm DSA model quantizes q to fp8 for fp8 caches and {BACKEND_NAME} takes bf16/fp16 q"
+    if gfx in FNUZ_FP8_TARGETS:
+        why += "; vLLM writes float8_e4m3fnuz there and the kernels read float8_e4m3fn"
+    return [f"kv_cache_dtype {kv_cache_dtype} on {gfx}: {why} (use a bfloat16 cache)"]
+
+
 def static_reasons(*, capability: tuple[int, int], head_size: int, dtype: str, kv_cache_dtype: str,
                    kv_lora_rank: int = KV_LORA_RANK, qk_rope_head_dim: int = 64, index_topk: int | None = 2048,
                    heads: int | None = None, hip_arch: str | None = None) -> list[str]:
@@ -181,6 +204,7 @@ def static_reasons(*, capability: tuple[int, int], head_size: int, dtype: str, k
         reasons.append("kv_cache_dtype not supported")
     if not supports_capability(capability, hip_arch):
         reasons.append("compute capability not supported")
+    reasons += platform_reasons(kv_cache_dtype, hip_arch)
     model = model_reasons(kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim, index_topk=index_topk,
                           heads=heads)
     if model:
