@@ -82,6 +82,25 @@ def vllm_configs(model_configs):
     return out
 
 
+@pytest.fixture(scope="module")
+def vi():
+    """The vLLM indexer integration, installed (the Triton indexer registered with vLLM's out-of-tree op registry)."""
+    from triton_mla_sparse.integrations.vllm import indexer as vllm_indexer
+
+    assert vllm_indexer.install()
+    return vllm_indexer
+
+
+@pytest.fixture
+def vc(model_configs):
+    """A GLM-5 VllmConfig on the CPU, current for the test."""
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+
+    config = VllmConfig(model_config=model_configs["glm5"], device_config=DeviceConfig(device="cpu"))
+    with set_current_vllm_config(config):
+        yield config
+
+
 @pytest.fixture
 def rocm_platform(cuda_platform_module):
     """``rocm_platform("gfx1201")`` -> (vLLM's current platform, ``vllm.platforms.rocm``) with vLLM's ROCm platform

@@ -27,23 +27,6 @@ TOPK = 16
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 
 
-@pytest.fixture(scope="module")
-def vi():
-    from triton_mla_sparse.integrations.vllm import indexer as vllm_indexer
-
-    assert vllm_indexer.install()
-    return vllm_indexer
-
-
-@pytest.fixture
-def vc(model_configs):
-    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
-
-    config = VllmConfig(model_config=model_configs["glm5"], device_config=DeviceConfig(device="cpu"))
-    with set_current_vllm_config(config):
-        yield config
-
-
 @pytest.fixture
 def no_deep_gemm_gpu(monkeypatch):
     """vLLM's platform answering like an SM89 GPU: CUDA, DeepGEMM not supported (the vendored package imports)."""

@@ -222,23 +222,6 @@ def test_plugin_touches_only_its_platforms_module():
 # ------------------------------------------------------------------------------------------------ the indexer
 
 
-@pytest.fixture(scope="module")
-def vi():
-    from triton_mla_sparse.integrations.vllm import indexer as vllm_indexer
-
-    assert vllm_indexer.install()
-    return vllm_indexer
-
-
-@pytest.fixture
-def vc(model_configs):
-    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
-
-    config = VllmConfig(model_config=model_configs["glm5"], device_config=DeviceConfig(device="cpu"))
-    with set_current_vllm_config(config):
-        yield config
-
-
 @pytest.fixture
 def aiter_enabled(monkeypatch):
     """The two values vLLM reads for "aiter installed and VLLM_ROCM_USE_AITER=1", and vLLM's ROCm indexer op (aiter
@@ -460,16 +443,12 @@ def test_impl_refuses_fp8_caches_on_rocm(rocm_platform, kv, gfx):
     """A model that names the backend itself (vLLM's ROCm DSA model does) skips vLLM's validation: the impl
     refuses at construction what supports_combination refuses (that model quantizes q for fp8 caches; gfx942's
     fp8 is float8_e4m3fnuz)."""
-    from triton_mla_sparse.integrations.vllm.backend import TritonMLASparseImpl
+    from test_vllm_impl import make_impl
 
     rocm_platform(gfx)
-    args = dict(num_heads=8, head_size=576, scale=0.0625, num_kv_heads=1, alibi_slopes=None, sliding_window=None,
-                kv_cache_dtype=kv, logits_soft_cap=None, attn_type="decoder", kv_sharing_target_layer_name=None,
-                q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, qk_head_dim=256,
-                v_head_dim=256, kv_b_proj=None)
     with pytest.raises(NotImplementedError, match="quantizes q to fp8" + (".*float8_e4m3fnuz" if gfx == "gfx942"
                                                                            else "")):
-        TritonMLASparseImpl(**args)
+        make_impl("glm5", kv)
 
 
 @pytest.mark.parametrize("gfx,mode,ours", [("gfx1201", "default", True), ("gfx1100", "default", True),

@@ -59,6 +59,7 @@ module imports vLLM inside functions only.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import sys
 from types import ModuleType
@@ -129,38 +130,20 @@ def _reduce_member(protocol: int) -> tuple[Callable[[], Any], tuple[()]]:
     return backend_member, ()
 
 
-def _cuda_platform_module() -> ModuleType | None:
-    """``vllm.platforms.cuda`` when this process runs vLLM's CUDA platform (or has imported the module), else None.
+def _platform_module(name: str) -> ModuleType | None:
+    """``vllm.platforms.<name>`` (``cuda`` or ``rocm``) when this process runs that vLLM platform (or has imported the
+    module), else None.
 
-    The module is not imported on other platforms: on ROCm, XPU, TPU or CPU builds importing it would load
-    CUDA-only extensions.
-    """
-    mod = sys.modules.get("vllm.platforms.cuda")
+    The module is not imported on other platforms: importing ``cuda`` on ROCm, XPU, TPU or CPU builds would load
+    CUDA-only extensions; importing ``rocm`` queries the GPU's gfx name (amdsmi, else HIP)."""
+    mod = sys.modules.get(f"vllm.platforms.{name}")
     if mod is not None:
         return mod
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cuda():
+    if not getattr(current_platform, f"is_{name}")():
         return None
-    import vllm.platforms.cuda as mod
-
-    return mod
-
-
-def _rocm_platform_module() -> ModuleType | None:
-    """``vllm.platforms.rocm`` when this process runs vLLM's ROCm platform (or has imported the module), else None.
-
-    The module is not imported on other platforms: its import queries the GPU's gfx name (amdsmi, else HIP)."""
-    mod = sys.modules.get("vllm.platforms.rocm")
-    if mod is not None:
-        return mod
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_rocm():
-        return None
-    import vllm.platforms.rocm as mod
-
-    return mod
+    return importlib.import_module(f"vllm.platforms.{name}")
 
 
 def _make_wrapper(original: Callable) -> Callable:
@@ -238,7 +221,8 @@ def install_priority_hook(module: ModuleType | None = None, platform: str | None
     the wrapper."""
     if module is None:
         hooked = False
-        for found, name in ((_cuda_platform_module(), "cuda"), (_rocm_platform_module(), "rocm")):
+        for name in PLATFORMS:
+            found = _platform_module(name)
             if found is not None:
                 hooked = install_priority_hook(found, name) or hooked
         return hooked
@@ -290,14 +274,12 @@ def install_rocm_dsa_route(module: ModuleType | None = None, hip_arch: str | Non
     ``module``/``hip_arch`` default to vLLM's model module and ``vllm.platforms.rocm._GCN_ARCH`` (only in a ROCm
     process). Returns whether the model's layers get ours; idempotent."""
     if module is None:
-        rocm = _rocm_platform_module()
+        rocm = _platform_module("rocm")
         from vllm.platforms import current_platform
 
         if rocm is None or not current_platform.is_rocm():
             return False
         hip_arch = rocm._GCN_ARCH
-        import importlib
-
         module = importlib.import_module(ROCM_DSA_MODULE)
     from .backend import TritonMLASparseBackend
 
