@@ -1,5 +1,5 @@
-"""``python -m e2e {correctness,serving,soak,merge,tables}`` (run from ``benchmarks/``; GPU + vLLM for the first
-three)."""
+"""``python -m e2e {correctness,serving,soak,trace,merge,tables}`` (run from ``benchmarks/``; GPU + vLLM for the first
+four)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--concurrency", type=int, default=64)
     k.add_argument("--name", default="ours-batch-invariant", help="one of soak.SOAKS")
     k.add_argument("--port", type=int, default=8377)
+    r = sub.add_parser("trace", help="where batching changes a request's numbers, module by module (DIR/trace.json)")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--timeout", type=float, default=900)
     m = sub.add_parser("merge", help="merge section files into a results file (no GPU)")
     m.add_argument("sections", nargs="+", type=Path)
     m.add_argument("--out", type=Path, required=True)
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import re
 
-    from .matrix import correctness_specs, run_pool, serving_specs
+    from .matrix import correctness_specs, run_pool, serving_specs, trace_specs
     from .results import correctness_rows, serving_rows
 
     a.out.mkdir(parents=True, exist_ok=True)
@@ -110,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         results = run_pool(specs, a.out / "runs", parallel=1, timeout_s=a.timeout, budget_s=a.budget)
         section = {"environment": env, "serving": serving_rows(results)}
         path = a.out / "serving.json"
+    elif a.cmd == "trace":
+        specs = trace_specs(str(a.out / "models"))
+        results = run_pool(specs, a.out / "runs", parallel=len(specs), timeout_s=a.timeout)
+        section = {"environment": env, "trace": [{"name": n, **{k: r.get(k) for k in ("ok", "error", "runs")}}
+                                                 for n, r in results.items()]}
+        path = a.out / "trace.json"
     else:
         from .soak import run_soak
 

@@ -5,6 +5,7 @@
 #                                              then in the background (setsid):
 #                                              the fp8 check, the GPU tests of the batch-invariant paths, the soaks
 #                                              (E2E_SOAKS, default all of soak.SOAKS, side by side); with
+#                                              E2E_TRACE=1 the module-by-module trace (trace.py); with
 #                                              E2E_MATRIX=1 also the correctness matrix, then the serving runs alone;
 #                                              results under /tmp/e2e
 #   bash benchmarks/e2e/device.sh wait [SEC]   wait up to SEC (default 540) for the runs, then copy a tarball of
@@ -54,6 +55,9 @@ PY
                 > '"$E2E"'/soak-"$name".log 2>&1) &
             port=$((port + 1))
         done
+        if [ "${E2E_TRACE:-0}" = "1" ]; then
+            (timeout 1000 python3 -m e2e trace --out '"$E2E"'/trace > '"$E2E"'/trace.log 2>&1) &
+        fi
         if [ "${E2E_MATRIX:-0}" = "1" ]; then
             timeout 1500 python3 -m e2e correctness --out '"$E2E"'/correctness ${E2E_ONLY:+--only "$E2E_ONLY"} \
                 > '"$E2E"'/correctness.log 2>&1
@@ -75,10 +79,11 @@ wait)
     done
     [ -f "$E2E/DONE" ] && echo "all done" || echo "still running after ${limit} s"
     tail -n 3 "$E2E"/*.log 2>/dev/null | tail -n 60
+    tail -n 4 "$E2E"/trace/runs/*.log 2>/dev/null | tail -n 30
     grep -h "Error\|not supported" "$E2E"/soak-*/soak-server.log 2>/dev/null | grep -v "Chat template\|Tokenizer not\|ulimit\|base.py:383" | tail -n 8
     ls "$E2E"/correctness/runs 2>/dev/null | grep -c '\.json$' | sed 's/^/result files: /'
     tar -C /tmp --exclude='e2e/*/models' --exclude='*.spec.json' -czf "${OUT:-/tmp}"/e2e.tar.gz e2e
-    for f in correctness/correctness.json serving/serving.json fp8_sw_check.json gpu-tests.log; do
+    for f in correctness/correctness.json serving/serving.json trace/trace.json fp8_sw_check.json gpu-tests.log; do
         [ -f "$E2E/$f" ] && cp "$E2E/$f" "${OUT:-/tmp}/"
     done
     for f in "$E2E"/soak-*/soak.json; do

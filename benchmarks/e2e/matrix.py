@@ -112,6 +112,21 @@ def serving_specs(model_root: str, *, variants: tuple[str, ...] = ("dsv32-h16", 
     return specs
 
 
+def trace_specs(model_root: str) -> list[dict]:
+    """Ours under vLLM's batch-invariant mode, eager, with one CUDA stream and with vLLM's default second stream
+    for the shared experts: a 2,345-token target alone and inside 63 soak requests (:mod:`.trace`)."""
+    from .soak import BATCH_INVARIANT
+
+    trace = {"target_len": 2345, "others": 63, "max_tokens": 64}
+    specs = []
+    for tag, env in (("", {}), ("-one-stream", {"VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1"})):
+        specs.append(base_spec(f"trace-dsv32-h16-eager-bfloat16-ours-bi{tag}", task="trace", variant="dsv32-h16",
+                               backend=OURS, kv="bfloat16", mode="eager", model_root=model_root,
+                               env={**BATCH_INVARIANT, **env}, max_num_seqs=64, max_num_batched_tokens=2048,
+                               max_model_len=8192, trace=trace))
+    return specs
+
+
 def run_pool(specs: list[dict], out_dir: Path, *, parallel: int, timeout_s: float, budget_s: float = math.inf,
              log: Any = sys.stdout) -> dict[str, dict]:
     """Run each spec in its own worker process, ``parallel`` at a time; returns name -> result (a failure or a

@@ -11,7 +11,7 @@ PEERS = {"bfloat16": "FLASH_ATTN_MLA_SPARSE", "fp8_ds_mla": "FLASHMLA_SPARSE"}
 BACKENDS = (OURS, *PEERS.values())
 KV_CACHE_DTYPES = ("bfloat16", "fp8_ds_mla")
 MODES = ("eager", "graphs")
-TASKS = ("generate", "serving")
+TASKS = ("generate", "serving", "trace")
 
 _SPEC_FIELDS: dict[str, type | tuple[type, ...]] = {
     "name": str, "task": str, "variant": str, "backend": str, "kv_cache_dtype": str, "mode": str,
@@ -52,6 +52,15 @@ def validate_spec(spec: dict[str, Any]) -> dict[str, Any]:
             raise ValueError("generate spec: max_tokens and every prompt length must be positive ints")
         if max(spec["prompts"]) + spec["max_tokens"] > spec["max_model_len"]:
             raise ValueError("generate spec: the longest prompt plus max_tokens exceeds max_model_len")
+    elif spec["task"] == "trace":
+        t = spec.get("trace")
+        if not isinstance(t, dict):
+            raise ValueError("trace spec: missing dict field 'trace'")
+        _need(t, {"target_len": int, "others": int, "max_tokens": int}, "trace spec")
+        if spec["mode"] != "eager":
+            raise ValueError("trace spec: mode must be 'eager' (CUDA-graph replays skip the module hooks)")
+        if t["target_len"] + t["max_tokens"] > spec["max_model_len"] or min(t.values()) < 1:
+            raise ValueError("trace spec: lengths must be positive and fit max_model_len")
     else:
         s = spec.get("serving")
         if not isinstance(s, dict):

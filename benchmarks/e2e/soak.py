@@ -50,6 +50,8 @@ SOAKS: dict[str, tuple[str, dict[str, str], tuple[str, ...], int | None]] = {
     "ours-batch-invariant-eager-one-stream": ("TRITON_MLA_SPARSE",
                                               {**BATCH_INVARIANT, "VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1"},
                                               ("--enforce-eager",), None),
+    "ours-batch-invariant-one-stream": ("TRITON_MLA_SPARSE",
+                                        {**BATCH_INVARIANT, "VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1"}, (), None),
 }
 MAX_TOKENS = (32, 64, 128)
 

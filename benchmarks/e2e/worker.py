@@ -8,6 +8,7 @@ the indexer shadow below see the model's calls). The spec's ``env`` is applied b
               steps the largest number of valid top-k entries, which shows that a prompt longer than the top-k ran
               sparse); with ``shadow_indexer`` (vLLM's own indexer active) our indexer recomputes every eager step's
               top-k from the same cache and the two sets are compared.
+``trace``     where batching changes a request's numbers (:mod:`.trace`).
 ``serving``   time to first token, time per output token and batched decode tokens/s (see :func:`serving`).
 """
 
@@ -265,6 +266,12 @@ def serving(spec: dict[str, Any]) -> dict[str, Any]:
     return {**meta, "serving": rows}
 
 
+def trace(spec: dict[str, Any]) -> dict[str, Any]:
+    from .trace import run
+
+    return run(spec)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
@@ -276,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     t0 = time.time()
     try:
-        result = {"generate": generate, "serving": serving}[spec["task"]](spec)
+        result = {"generate": generate, "serving": serving, "trace": trace}[spec["task"]](spec)
         result["ok"] = True
     except Exception as e:  # recorded, so that one failing engine does not hide the others' results
         result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
