@@ -328,3 +328,28 @@ def test_forward_mqa_sorts_the_positions_only_when_batch_invariant(dist_env, mon
     assert torch.equal(seen[0], rows)  # untouched outside the mode
     assert seen[1].tolist() == [[-1 if v is None else v for v in r] for r in
                                 ([3, 5, 9, None], [1, 2, None, None], rows[2].tolist())]
+
+
+
+def test_topk_ready_is_recorded_after_the_sort_in_batch_invariant_mode(dist_env, monkeypatch):
+    """vLLM's layer calls ``record_logical_topk_ready`` right after the indexer, and vLLM converts the top-k buffer
+    on a side stream once that event fires. Ours sorts the buffer in ``forward_mqa`` under the mode, so there the
+    event must be recorded after the sort (before, the side stream read a half-sorted buffer: on the H200 the same
+    request alone twice gathered its rows in different orders)."""
+    from vllm.model_executor.layers.attention.sparse_mla_attention import SparseMLACommonImpl
+
+    events = []
+    monkeypatch.setattr(SparseMLACommonImpl, "record_logical_topk_ready",
+                        lambda self: events.append(("ready", self.topk_indices_buffer.tolist())))
+    monkeypatch.setattr(SparseMLACommonImpl, "forward_mqa", lambda self, q, kv, md, layer: events.append("convert"))
+    rows = torch.tensor([[5, -1, 3, 9], [-1, -1, 2, 1]], dtype=torch.int32)
+    q = (torch.zeros(2, 8, 512), torch.zeros(2, 8, 64))
+    for invariant in (False, True):
+        if invariant:
+            monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+        impl = make_impl("glm5", "auto")
+        impl.topk_indices_buffer = rows.clone()
+        impl.record_logical_topk_ready()  # what vLLM's layer calls after the indexer
+        impl.forward_mqa(q, None, None, None)
+    assert events == [("ready", rows.tolist()), "convert",
+                      ("ready", [[3, 5, 9, -1], [1, 2, -1, -1]]), "convert"]

@@ -46,7 +46,9 @@ Batch invariance (``VLLM_BATCH_INVARIANT=1``)
     (no split of a row's list) serves every batch;
   * the summation order follows the order of the indexer's positions (any order by contract; the split select's
     order comes from atomic slot claims), so each row's request-local positions are sorted ascending (-1 last)
-    before vLLM converts them to cache rows (physical rows change when a preempted request is recomputed);
+    before vLLM converts them to cache rows (physical rows change when a preempted request is recomputed). vLLM
+    converts on a side stream once the impl records "top-k ready" (``record_logical_topk_ready``, called right
+    after the indexer), so in this mode that event is recorded after the sort, not before it;
   * vLLM chooses dense-MHA prefill per batch (by the batch's longest prefill), so a token would take a different
     arithmetic path in a different batch: the impl declares no dense-MHA prefill and every token runs here.
   The Triton indexer (chosen in this mode, see :mod:`~triton_mla_sparse.integrations.vllm.indexer`) computes each
@@ -286,12 +288,18 @@ class TritonMLASparseImpl(SparseMLACommonImpl[TritonMLASparseMetadata]):
             # vLLM picks dense-MHA prefill per batch: a token's arithmetic path would depend on its batch.
             self.supports_dense_mha_prefill = False
 
+    def record_logical_topk_ready(self) -> None:
+        # vLLM's side stream converts the buffer once this event fires; a sort after it would race with that read.
+        if not (self.batch_invariant and self.topk_indices_buffer is not None):
+            super().record_logical_topk_ready()
+
     def forward_mqa(self, q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_c_and_k_pe_cache: torch.Tensor,
                     attn_metadata: TritonMLASparseMetadata, layer: AttentionLayer
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.batch_invariant and self.topk_indices_buffer is not None:
             num_tokens = q[0].shape[0] if isinstance(q, tuple) else q.shape[0]
             sort_positions_(self.topk_indices_buffer[:num_tokens])
+            super().record_logical_topk_ready()
         return super().forward_mqa(q, kv_c_and_k_pe_cache, attn_metadata, layer)
 
     def _kv_rows(self, kv_cache: torch.Tensor, block_size: int) -> torch.Tensor:
