@@ -57,6 +57,25 @@ def _fake_page1():
     return types.SimpleNamespace(decode_attention_fwd=decode_attention_fwd)
 
 
+def _fake_fa3(calls):
+    """Stands in for the peers folder's fa3_page1.py (FLASH_ATTN_MLA_SPARSE's FlashAttention-3 call): checks the
+    cache rows, the compacted slots and their counts, answers with the reference over the counted slots."""
+
+    def prepare(q, kv_rows, slots, softmax_scale, seqused=None, out=None):
+        assert kv_rows.dim() == 2 and kv_rows.shape[1] == 576 and slots.dtype == torch.int32
+        assert seqused is not None and seqused.dtype == torch.int32 and seqused.shape == (q.shape[0],)
+        calls.append(("fa3", tuple(q.shape)))
+        keep = torch.arange(slots.shape[1])[None, :] < seqused[:, None].cpu()
+        idx = torch.where(keep.to(slots.device), slots, torch.full_like(slots, -1))
+
+        def call():
+            return _ref(q, kv_rows.view(-1, 1, 576), idx, softmax_scale, None)
+
+        return call
+
+    return types.SimpleNamespace(prepare=prepare)
+
+
 def _fake_deepgemm(calls):
     """Stands in for DeepGEMM (vLLM 0.33's copy): checks the arguments the harness passes as its kernels require
     them, answers with the right logits at the candidate positions and garbage (1e30, which an unmasked top-k would

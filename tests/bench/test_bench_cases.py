@@ -12,14 +12,15 @@ def test_method_applies():
     dec_fp8 = bench.decode_case(16, 64, "fp8_ds_mla")
     pre_fp8 = bench.prefill_case(64, "fp8_ds_mla")
     assert [m for m in bench.METHOD_KEYS if bench.method_applies(m, dec_bf16)] == [
-        "ours", "torch", "page1_triton", "flashmla_bf16"]
+        "ours", "torch", "page1_triton", "fa3_page1", "flashmla_bf16"]
     assert [m for m in bench.METHOD_KEYS if bench.method_applies(m, dec_fp8)] == ["ours", "torch", "flashmla_fp8"]
     assert [m for m in bench.METHOD_KEYS if bench.method_applies(m, pre_fp8)] == ["ours", "torch", "flashmla_fp8"]
     for phase in ("decode", "prefill"):
         idx = bench.indexer_case(32, phase)
         assert [m for m in bench.INDEXER_METHOD_KEYS if bench.method_applies(m, idx)] == list(
             bench.INDEXER_METHOD_KEYS)
-        assert not any(bench.method_applies(m, idx) for m in ("page1_triton", "flashmla_bf16", "flashmla_fp8"))
+        assert not any(bench.method_applies(m, idx) for m in ("page1_triton", "fa3_page1", "flashmla_bf16",
+                                                              "flashmla_fp8"))
 
 
 def test_case_list_covers_the_issue():

@@ -6,6 +6,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 from triton_mla_sparse import bench
 from triton_mla_sparse.bench.peers import loader
@@ -26,13 +27,22 @@ def test_missing_peers_folder_is_reported(monkeypatch):
     for m in bench.EXTERNAL_PEERS:
         s = peers.status[m]
         assert s.startswith("not available: ") and "/nonexistent/peers-dir" in s and "does not exist" in s
-        assert "vLLM: not installed" in s
+        assert ("not taken from an installed vLLM" if m == "fa3_page1" else "vLLM: not installed") in s
         assert not peers.available(m)
     assert peers.modules == {}
     # ... and a run turns them into per-case errors, never silently dropping them.
     facs = bench.method_factories(peers)
     with pytest.raises(bench.PeerUnavailable, match="not available"):
         facs["flashmla_fp8"](None)
+
+
+def test_fa3_slots_are_compacted_as_vllm_passes_them():
+    from triton_mla_sparse.bench.peers import compact_slots
+
+    idx = torch.tensor([[5, -1, 3, 99, 7], [-1, -1, -1, -1, -1], [0, 1, 2, 3, 4]], dtype=torch.int32)
+    slots, counts = compact_slots(idx, num_slots=10)
+    assert slots.dtype == torch.int32 and counts.tolist() == [3, 0, 5]
+    assert slots.tolist() == [[5, 3, 7, 0, 0], [0, 0, 0, 0, 0], [0, 1, 2, 3, 4]]
 
 
 def test_deepgemm_folder_choice(tmp_path):

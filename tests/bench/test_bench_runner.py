@@ -7,7 +7,7 @@ import json
 import math
 
 import torch
-from bench_helpers import REQUIRED_CASE, REQUIRED_TOP, TIMED, _fake_deepgemm, _fake_flashmla, _fake_page1
+from bench_helpers import REQUIRED_CASE, REQUIRED_TOP, TIMED, _fake_deepgemm, _fake_fa3, _fake_flashmla, _fake_page1
 
 from triton_mla_sparse import bench
 from triton_mla_sparse.bench.peers import loader
@@ -16,9 +16,9 @@ from triton_mla_sparse.bench.peers import loader
 def test_run_writes_the_results_schema(tmp_path, monkeypatch):
     monkeypatch.setenv("TMS_COMMIT", "0123abc")
     calls = []
-    peers = bench.Peers(modules={"flashmla": _fake_flashmla(calls), "page1": _fake_page1()},
+    peers = bench.Peers(modules={"flashmla": _fake_flashmla(calls), "page1": _fake_page1(), "fa3": _fake_fa3(calls)},
                         status={"page1_triton": "loaded from fake", "flashmla_bf16": "loaded from fake",
-                                "flashmla_fp8": "loaded from fake"})
+                                "flashmla_fp8": "loaded from fake", "fa3_page1": "loaded from fake"})
     out = tmp_path / "res" / "cpu-test.json"
     lines = []
     rc = bench.run_bench(cpu_smoke=True, case_filter=r"^decode h(8|32) B=2 ", out=str(out), peers=peers,
@@ -30,8 +30,8 @@ def test_run_writes_the_results_schema(tmp_path, monkeypatch):
     assert doc["commit"] == "0123abc" and doc["commit_source"] == "TMS_COMMIT" and doc["complete"] is True
     assert doc["date"] == bench.utc_date() and set(doc["ceilings"]) >= {"copy_gbps", "bf16_tflops"}
     assert doc["peers"] == {"torch": "built in (gather + matmul + softmax in q's dtype)",
-                            "page1_triton": "loaded from fake", "flashmla_bf16": "loaded from fake",
-                            "flashmla_fp8": "loaded from fake"}
+                            "page1_triton": "loaded from fake", "fa3_page1": "loaded from fake",
+                            "flashmla_bf16": "loaded from fake", "flashmla_fp8": "loaded from fake"}
     assert [c["name"] for c in doc["cases"]] == ["decode h8 B=2 ctx256 fp16", "decode h32 B=2 ctx256 fp8_ds_mla"]
     for c in doc["cases"]:
         for k in REQUIRED_CASE:
@@ -41,7 +41,8 @@ def test_run_writes_the_results_schema(tmp_path, monkeypatch):
         for m in c["methods"].values():
             assert "error" in m or all(isinstance(m[k], float) for k in TIMED)
     fp16, fp8 = (c["methods"] for c in doc["cases"])
-    assert list(fp16) == ["ours", "torch", "page1_triton"]  # flashmla_* do not apply to an fp16 cache: absent
+    assert list(fp16) == ["ours", "torch", "page1_triton", "fa3_page1"]  # flashmla_* do not apply to fp16: absent
+    assert fp16["fa3_page1"]["rel_err"] < 1e-2 and ("fa3", (2, 8, 576)) in calls
     assert list(fp8) == ["ours", "torch", "flashmla_fp8"]
     assert fp16["page1_triton"]["rel_err"] < 1e-2 and fp16["page1_triton"]["ms"] > 0
     assert fp16["page1_triton"]["ms_default_scales_error"].startswith("accuracy: rel err")
@@ -190,3 +191,33 @@ def test_windows_are_taken_in_turn_and_the_lowest_is_the_figure():
     assert t["ms_windows"] == [3.0, 1.0, 2.0] and t["ms"] == 1.0
     assert o["ms_windows"] == [4.0, 5.0, 2.0] and o["ms"] == 2.0
     assert math.isclose(o["tflops"], case.flops / 2e-3 / 1e12)
+
+
+def test_emulate_times_ours_portable_in_a_child_process(tmp_path):
+    """--emulate: the attention cases again as ours_portable, computed in a child process (DISABLE_MMA_V3=1, its own
+    Triton cache) on the same inputs, checked against the reference like every method."""
+    out = tmp_path / "emu.json"
+    lines = []
+    rc = bench.run_bench(cpu_smoke=True, kinds="attention", case_filter=r"^decode h8 B=2 |^prefill h16 ",
+                         methods=("ours",), out=str(out), peers=bench.Peers(), plot=False, emulate="sm120",
+                         log=lines.append)
+    assert rc == 0, "\n".join(lines)
+    doc = json.loads(out.read_text())
+    assert doc["emulate"] == {"family": "sm120", "instructions": "no PTX compiled (interpreter)"}
+    assert "ours_portable" in doc["methods"]
+    for c in doc["cases"]:
+        m = c["methods"]["ours_portable"]
+        assert m["emulated"] == "sm120" and m["rel_err"] < 2e-2 and m["ms"] > 0, m
+        assert m["config"].startswith("sm120 table: ")
+    assert any("[sm120]" in s for s in lines)  # the child's log comes back
+    assert bench.run_bench(cpu_smoke=True, emulate="sm90", log=lambda s: None) == 2  # sm90 is not emulated
+
+
+def test_wgmma_in_any_compiled_kernel_is_found(tmp_path):
+    from triton_mla_sparse.bench.portable import wgmma_kernels
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "k1.ptx").write_text("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 ...")
+    (tmp_path / "k2.ptx").write_text("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 ...")
+    (tmp_path / "k3.cubin").write_text("wgmma.")
+    assert wgmma_kernels(str(tmp_path)) == (2, ["k2.ptx"])

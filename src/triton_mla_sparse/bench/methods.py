@@ -18,10 +18,10 @@ from .util import short_exc
 if TYPE_CHECKING:
     from .peers import Peers
 
-METHOD_KEYS = ("ours", "torch", "page1_triton", "flashmla_bf16", "flashmla_fp8", "ours_logits", "deepgemm",
-               "deepgemm_topk")
+METHOD_KEYS = ("ours", "torch", "page1_triton", "fa3_page1", "flashmla_bf16", "flashmla_fp8", "ours_logits",
+               "deepgemm", "deepgemm_topk")
 PEER_KEYS = tuple(m for m in METHOD_KEYS if not m.startswith("ours"))
-EXTERNAL_PEERS = ("page1_triton", "flashmla_bf16", "flashmla_fp8", "deepgemm", "deepgemm_topk")
+EXTERNAL_PEERS = ("page1_triton", "fa3_page1", "flashmla_bf16", "flashmla_fp8", "deepgemm", "deepgemm_topk")
 DEEPGEMM_KEYS = ("deepgemm", "deepgemm_topk")
 # Indexer cases: ours = indexer_topk (logits + select), ours_logits = indexer_logits alone, deepgemm = DeepGEMM's
 # logits alone, deepgemm_topk = DeepGEMM's logits + torch.topk, torch = plain torch logits + torch.topk. Run order:
@@ -65,17 +65,21 @@ def register_method(name: str) -> Callable[[MethodFactory], MethodFactory]:
 def method_applies(name: str, case: Case) -> bool:
     """Whether method ``name`` is run on ``case`` at all (a peer that does not apply is absent from the case).
 
-    ``ours`` and ``torch``: every case. ``page1_triton``: bf16 (and fp16, the CPU smoke format) caches, decode and
-    prefill. ``flashmla_bf16``: bf16 caches, decode and prefill. ``flashmla_fp8``: fp8_ds_mla caches, decode and
-    prefill (prefill through the decode kernel with each row as its own batch entry, as vLLM's fp8 path does).
-    ``ours_logits``, ``deepgemm``, ``deepgemm_topk``: indexer cases only (and no attention peer applies to them)."""
+    ``ours`` and ``torch``: every case. ``page1_triton`` and ``fa3_page1`` (vLLM's FLASH_ATTN_MLA_SPARSE, SM90):
+    bf16 (and fp16, the CPU smoke format) caches, decode and prefill. ``flashmla_bf16``: bf16 caches, decode and
+    prefill. ``flashmla_fp8``: fp8_ds_mla caches, decode and prefill (prefill through the decode kernel with each
+    row as its own batch entry, as vLLM's fp8 path does).
+    ``ours_logits``, ``deepgemm``, ``deepgemm_topk``: indexer cases only (and no attention peer applies to them).
+    ``ours_portable`` (``--emulate``): every attention case."""
     if name in ("ours", "torch"):
         return True
     if name in INDEXER_ONLY:
         return case.kind == "indexer"
     if case.kind not in ("decode", "prefill"):
         return False
-    if name == "page1_triton":
+    if name == "ours_portable":  # --emulate (triton_mla_sparse.bench.portable): every attention case
+        return True
+    if name in ("page1_triton", "fa3_page1"):
         return case.kv_format in ("bf16", "fp16")
     if name == "flashmla_bf16":
         return case.kv_format == "bf16"

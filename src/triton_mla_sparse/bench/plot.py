@@ -11,7 +11,7 @@ from .results import load_results
 
 METHOD_COLORS = {"ours": "#d62728", "torch": "#7f7f7f", "page1_triton": "#2ca02c", "flashmla_bf16": "#1f77b4",
                  "flashmla_fp8": "#9467bd", "ours_logits": "#ff9896", "deepgemm": "#ff7f0e",
-                 "deepgemm_topk": "#8c564b"}
+                 "deepgemm_topk": "#8c564b", "fa3_page1": "#17becf", "ours_portable": "#e377c2"}
 
 
 def plot_results(doc_or_path: dict | str | os.PathLike, png: str | None = None, *,

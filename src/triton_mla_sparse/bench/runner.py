@@ -213,12 +213,23 @@ def run_case(case: Case, method_names: Iterable[str], device: torch.device | str
     return rec
 
 
+def timers(device: torch.device) -> tuple[Timer, GraphTimer | None, int]:
+    """``(timer, graph_timer, windows)`` of a run on ``device``: do_bench windows taken in turn and CUDA-graph
+    replay on a GPU, one wall-clock call on the CPU (smoke runs)."""
+    if device.type == "cuda":
+        def graph_timer(fn: Callable[[], object], call_ms: float | None = None) -> float:
+            return time_graph(fn, replays=graph_replays(call_ms))
+
+        return DoBenchTimer(), graph_timer, DO_BENCH_WINDOWS
+    return (lambda fn: time_wall(fn, device)), None, 1
+
+
 def run_bench(*, quick: bool = False, out: str | None = None, out_dir: str = DEFAULT_OUT_DIR,
               methods: Iterable[str] = METHOD_KEYS, case_filter: str | None = None, seed: int = 0,
               cpu_smoke: bool = False, peers_dir: str | None = None, peers: Peers | None = None,
               use_vllm: bool = True, budget_s: float | None = None, plot: bool = True, compare: str | None = None,
               log: Log | None = None, kinds: str | Iterable[str] | None = None, deepgemm_dir: str | None = None,
-              targets_file: str | None = None) -> int:
+              targets_file: str | None = None, emulate: str | None = None) -> int:
     """Run the benchmark, print the tables, write the JSON (and PNG). Returns the exit status: 0 ok, 1 a case of
     'ours' (or 'ours_logits') failed (or the time budget cut the run short), 2 no GPU / bad arguments.
 
@@ -227,7 +238,9 @@ def run_bench(*, quick: bool = False, out: str | None = None, out_dir: str = DEF
     ``peers``: preloaded :class:`Peers` (tests); else :func:`load_peers` with ``peers_dir`` (and ``deepgemm_dir``).
     ``budget_s``: no case starts after this many seconds (the rest are recorded with an error). ``compare``: an older
     results JSON to compare with at the end. ``kinds``: the case groups to run (:data:`KINDS`: "attention",
-    "indexer"; a list or a comma-separated string; default both). Peers are loaded only for the groups that run."""
+    "indexer"; a list or a comma-separated string; default both). Peers are loaded only for the groups that run.
+    ``emulate``: also time ``ours_portable`` on the attention cases, with that family's table entries and
+    instruction path (:mod:`triton_mla_sparse.bench.portable`)."""
     log = log or (lambda s: print(s, flush=True))
     t_start = time.perf_counter()
     cuda = torch.cuda.is_available()
@@ -242,6 +255,11 @@ def run_bench(*, quick: bool = False, out: str | None = None, out_dir: str = DEF
     if unknown or not methods:
         print(f"triton-mla-sparse bench: unknown method(s) {unknown}; known: {', '.join(sorted(known))}",
               file=sys.stderr)
+        return 2
+    from .portable import EMULATED
+
+    if emulate is not None and emulate not in EMULATED:
+        print(f"triton-mla-sparse bench: --emulate: one of {', '.join(EMULATED)}, got {emulate!r}", file=sys.stderr)
         return 2
     old_doc = None
     if compare:
@@ -304,15 +322,9 @@ def run_bench(*, quick: bool = False, out: str | None = None, out_dir: str = DEF
         except Exception as e:  # noqa: BLE001
             ceilings = {"copy_gbps": None, "bf16_tflops": None, "error": short_exc(e)}
             log(f"  ceilings failed: {ceilings['error']}")
-        timer = DoBenchTimer()
-        windows = DO_BENCH_WINDOWS
-
-        def graph_timer(fn: Callable[[], object], call_ms: float | None = None) -> float:
-            return time_graph(fn, replays=graph_replays(call_ms))
     else:
         ceilings = {"copy_gbps": None, "bf16_tflops": None}
-        timer, graph_timer = (lambda fn: time_wall(fn, device)), None
-        windows = 1
+    timer, graph_timer, windows = timers(device)
 
     results: list[dict] = []
     doc = {
@@ -346,6 +358,17 @@ def run_bench(*, quick: bool = False, out: str | None = None, out_dir: str = DEF
                 write_json(doc, out)
             except OSError as e:
                 log(f"  could not write {out}: {e}")
+    if emulate and not cut_short:
+        from .portable import METHOD, run_portable
+
+        ran = {r["name"] for r in results if not r.get("error")}
+        port = run_portable([c for c in cases if c.name in ran], emulate, seed=seed, ceilings=ceilings, log=log)
+        for r in results:
+            if r["name"] in port["records"]:
+                r["methods"][METHOD] = port["records"][r["name"]]
+        doc["emulate"] = {"family": emulate, "instructions": port["instructions"]}
+        doc["methods"] = [*doc["methods"], METHOD]
+        log(f"--emulate {emulate}: {port['instructions']}")
     failed = [r["name"] for r in results
               if r.get("error") or any(m in r["methods"] and r["methods"][m].get("error")
                                        for m in ("ours", "ours_logits"))]

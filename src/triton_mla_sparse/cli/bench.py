@@ -26,23 +26,26 @@ def run(args: argparse.Namespace) -> int:
     prepare_device()
     from ..bench import run_bench
 
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    from ..bench.methods import METHOD_KEYS
+
+    methods = METHOD_KEYS if args.methods is None else tuple(m.strip() for m in args.methods.split(",") if m.strip())
     kinds = args.kinds or os.environ.get("TMS_BENCH_KINDS") or None
     return run_bench(quick=args.quick, out=args.out, out_dir=args.out_dir, methods=methods, case_filter=args.filter,
                      seed=args.seed, cpu_smoke=args.cpu_smoke, peers_dir=args.peers, budget_s=args.budget,
                      plot=not args.no_plot, compare=args.compare, kinds=kinds, deepgemm_dir=args.deepgemm_dir,
-                     targets_file=args.targets_file)
+                     targets_file=args.targets_file, emulate=args.emulate)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser(
         "bench", help="benchmark the kernels and their peers on a CUDA GPU; plot / compare / check targets of results",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Every method on the same inputs in one process (ours, torch, page1_triton, flashmla_bf16,\n"
-                    "flashmla_fp8; peers where they apply and load), accuracy vs the float32 reference first, then\n"
-                    "do_bench medians (and CUDA-graph replay for decode), against the device copy bandwidth and\n"
-                    "bf16 matmul rate measured in the same run. Writes benchmarks/results/<gpu>-<date>.json and a\n"
-                    "PNG plot beside it. Needs a CUDA GPU (exit 2 otherwise), except the report modes.\n"
+        description="Every method on the same inputs in one process (ours, torch, page1_triton, fa3_page1,\n"
+                    "flashmla_bf16, flashmla_fp8; peers where they apply and load), accuracy vs the float32\n"
+                    "reference first, then do_bench medians (and CUDA-graph replay for decode), against the device\n"
+                    "copy bandwidth and bf16 matmul rate measured in the same run. Writes\n"
+                    "benchmarks/results/<gpu>-<date>.json and a PNG plot beside it. Needs a CUDA GPU (exit 2\n"
+                    "otherwise), except the report modes.\n"
                     "Two kinds of cases (--kinds): attention (sparse MLA decode / prefill) and indexer (the DSA\n"
                     "lightning indexer: ours = logits + top-k, ours_logits, DeepGEMM logits (deepgemm) and\n"
                     "DeepGEMM + torch.topk (deepgemm_topk), torch).",
@@ -62,8 +65,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--out-dir", metavar="DIR", default=os.path.join("benchmarks", "results"),
                    help="folder of the default results file (default: benchmarks/results)")
     b.add_argument("--methods",
-                   default="ours,torch,page1_triton,flashmla_bf16,flashmla_fp8,ours_logits,deepgemm,deepgemm_topk",
-                   help="comma-separated methods to run (default: all eight; each only where it applies)")
+                   help="comma-separated methods to run (default: all of ours, torch, page1_triton, fa3_page1, "
+                        "flashmla_bf16, flashmla_fp8, ours_logits, deepgemm, deepgemm_topk; each only where it "
+                        "applies)")
+    b.add_argument("--emulate", metavar="FAMILY",
+                   help="also time ours_portable (FAMILY: sm80, sm86, sm89 or sm120): our attention kernels with "
+                        "FAMILY's launch-table entries and its mma.sync path (DISABLE_MMA_V3=1, in a child "
+                        "process), on the attention cases")
     b.add_argument("--kinds", metavar="KINDS",
                    help="comma-separated case groups to run: attention, indexer (default: $TMS_BENCH_KINDS, else "
                         "both)")

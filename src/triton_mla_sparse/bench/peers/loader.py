@@ -23,6 +23,8 @@ PEER_MODULES = {
     "flashmla": ("flash_mla_interface", "vllm.third_party.flashmla.flash_mla_interface",
                  ("flashmla_bf16", "flashmla_fp8")),
     "page1": ("triton_decode_attention", "vllm.v1.attention.ops.triton_decode_attention", ("page1_triton",)),
+    # FLASH_ATTN_MLA_SPARSE's FlashAttention-3 call: only from a peers folder (get-peers.sh writes fa3_page1.py)
+    "fa3": ("fa3_page1", None, ("fa3_page1",)),
 }
 
 
@@ -221,6 +223,16 @@ def _flashmla_device_problem() -> str | None:
     return None
 
 
+def _fa3_device_problem() -> str | None:
+    """vLLM 0.33 builds FlashAttention-3 for SM90 only."""
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    if major != 9:
+        return f"FlashAttention-3 (FLASH_ATTN_MLA_SPARSE) needs SM90; this device is sm_{major}{minor}"
+    return None
+
+
 def load_peers(option: str | None = None, *, env: Mapping[str, str] | None = None, use_vllm: bool = True,
                wanted: Iterable[str] = EXTERNAL_PEERS,
                cwd: str | None = None, deepgemm_dir: str | None = None) -> Peers:
@@ -245,7 +257,9 @@ def load_peers(option: str | None = None, *, env: Mapping[str, str] | None = Non
                 reasons.append(f"{shown}: {short_exc(e)}")
         else:
             reasons.append("no peers folder (--peers DIR, $TMS_PEERS_DIR or ./.peers)")
-        if mod is None and use_vllm:
+        if mod is None and use_vllm and vllm_mod is None:
+            reasons.append("not taken from an installed vLLM (its FlashAttention call is vLLM's backend code)")
+        elif mod is None and use_vllm:
             if not _vllm_installed():
                 reasons.append("vLLM: not installed")
             else:
@@ -256,8 +270,8 @@ def load_peers(option: str | None = None, *, env: Mapping[str, str] | None = Non
                     source = f"loaded from installed vLLM {getattr(vllm, '__version__', '?')} ({vllm_mod})"
                 except Exception as e:  # noqa: BLE001
                     reasons.append(f"vLLM {vllm_mod}: {short_exc(e)}")
-        if mod is not None and key == "flashmla":
-            problem = _flashmla_device_problem()
+        if mod is not None and key in ("flashmla", "fa3"):
+            problem = _flashmla_device_problem() if key == "flashmla" else _fa3_device_problem()
             if problem:
                 reasons.append(problem)
                 mod = None
