@@ -273,11 +273,12 @@ def build(case: Case):
     return prob, call, dict(case.overrides)
 
 
-def oracle_problem(prob: Problem, case: Case) -> Problem:
+def oracle_problem(prob: Problem, case: Case, cfg) -> Problem:
     """The problem the kernel's result is compared with, in float64: the same one, except for fp8_ds_mla with
-    float32 tile scales, whose latents the kernel rounds once to q's dtype (float16) before its dots (documented):
-    then a float16 cache of exactly those rounded values (test_attention_features pins that equivalence)."""
-    if case.fmt != "fp8_ds_mla" or case.scale_format != "fp32" or prob.num_slots == 0:
+    float32 tile scales, whose latents the kernel (without ``f16_dot``, which applies the scales in float32) rounds
+    once to q's dtype (float16) before its dots (documented): then a float16 cache of exactly those rounded values
+    (test_attention_features pins that equivalence)."""
+    if case.fmt != "fp8_ds_mla" or case.scale_format != "fp32" or prob.num_slots == 0 or cfg.f16_dot:
         return prob
     d = case.d_qk
     rounded = real_rows(prob)[:, :d].half().reshape(case.num_blocks, case.block_size, d)
@@ -396,7 +397,7 @@ REGRESSIONS = [
 def test_fuzz_matches_reference(case):
     prob, call, overrides = build(case)
     out, lse, cfg = run_checked(prob, case, call, overrides)
-    ref_out, ref_lse = expected(oracle_problem(prob, case),
+    ref_out, ref_lse = expected(oracle_problem(prob, case, cfg),
                                      **{k: v for k, v in call.items() if k != "out"})
     check(out, lse, ref_out, ref_lse, lse_rtol=LSE_ATOL * max(1.0, case.softmax_scale / 192 ** -0.5),
           what=f"{case} {cfg}")
@@ -443,7 +444,7 @@ def test_fuzz_unselected_nan_inf_never_leak(case):
             raw[at] = _poison_bytes(case.fmt, g, raw.shape[-1]).to(DEVICE)
     out, lse, cfg = run_checked(prob, case, call, overrides)
     plain = {k: v for k, v in call.items() if k != "out"}
-    ref_out, ref_lse = expected(oracle_problem(clean, case), **plain)
+    ref_out, ref_lse = expected(oracle_problem(clean, case, cfg), **plain)
     check(out, lse, ref_out, ref_lse, lse_rtol=LSE_ATOL * max(1.0, case.softmax_scale / 192 ** -0.5),
           what=f"{case} {cfg}")
     # The reference's own contract: invalid ids are never read either.
@@ -471,7 +472,7 @@ def test_fuzz_garbage_indices_in_bounds(case, ends):
     case = dataclasses.replace(case, all_tensors_at_end=ends, out="nan" if ends else case.out)
     prob, call, overrides = build(case)
     out, lse, cfg = run_checked(prob, case, call, overrides)
-    ref_out, ref_lse = expected(oracle_problem(prob, case), **{k: v for k, v in call.items() if k != "out"})
+    ref_out, ref_lse = expected(oracle_problem(prob, case, cfg), **{k: v for k, v in call.items() if k != "out"})
     check(out, lse, ref_out, ref_lse, lse_rtol=LSE_ATOL * max(1.0, case.softmax_scale / 192 ** -0.5),
           what=f"{case} {cfg}")
 
@@ -529,7 +530,7 @@ NUMERICS_REGRESSIONS = [
 def test_fuzz_numerics_edges(case):
     prob, call, overrides = build(case)
     out, lse, cfg = run_checked(prob, case, call, overrides)
-    ref_out, ref_lse = expected(oracle_problem(prob, case), **{k: v for k, v in call.items() if k != "out"})
+    ref_out, ref_lse = expected(oracle_problem(prob, case, cfg), **{k: v for k, v in call.items() if k != "out"})
     check(out, lse, ref_out, ref_lse, lse_rtol=2 * LSE_ATOL, what=f"{case} {cfg}")
     if case.tile_gains is not None:  # every latent tile on its own (they differ by up to 2^13 in magnitude)
         for c in range(4):

@@ -31,6 +31,7 @@ class Launch:
     num_stages: int
     programs_per_sm: int  # resident programs per multiprocessor (sizes the decode split count)
     prefill_stages: int | None = None  # num_stages of the prefill kernel when it differs from the decode kernel's
+    f16_dot: bool = False  # fp8_ds_mla: float16 dots on the unscaled e4m3 values (kernels.py's module docstring)
 
 
 HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
@@ -158,6 +159,7 @@ class AttentionConfig:
     num_warps: int
     num_stages: int
     sw_fp8: bool = False  # decode e4m3 with integer operations (no fp8 conversion instructions on the target)
+    f16_dot: bool = False  # fp8_ds_mla: float16 dots on unscaled e4m3 values, scales on scores and probabilities
     programs_per_sm: int = 1  # resident programs per multiprocessor (registers/shared memory bound)
     combine_block_h: int = 8
     combine_warps: int = 4
@@ -238,5 +240,6 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     num_splits = -(-topk // split_len)
     cfg = AttentionConfig(kernel=kernel, block_h=block_h, block_n=block_n, num_splits=num_splits,
                           split_len=split_len, num_warps=launch.num_warps, num_stages=num_stages,
-                          sw_fp8=sw_fp8, programs_per_sm=launch.programs_per_sm)
+                          sw_fp8=sw_fp8, programs_per_sm=launch.programs_per_sm,
+                          f16_dot=launch.f16_dot and cache_class(kv_format) == "fp8_ds_mla")
     return replace(cfg, **overrides) if overrides else cfg

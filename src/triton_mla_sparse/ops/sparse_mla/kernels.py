@@ -7,6 +7,12 @@ bit-cast and a scale), computes the scores for all heads of the block with tenso
 ``[BLOCK_H, 128]`` float32 tiles. All heads of a row share one gather, so a cache row is read once per row and
 head block, not once per 16 heads.
 
+* fp8_ds_mla with ``F16_DOT``: the e4m3 bytes go to float16 as they are (one conversion per two values, exact) and
+  the tile scales are applied to the scores and to the probabilities instead of to every value: q is taken to
+  float16 once, divided by a power of two >= each head's largest |q| (exact, and no q overflows float16; the scores
+  are multiplied back), and
+  each chunk's probabilities are scaled by ``scale / max |scale of the tile|`` (<= 1) and the chunk's ``p · V`` by
+  that maximum, in float32.
 * prefill mode (``SPLIT=False``): the program covers the row's whole list and writes the final output and lse.
 * decode mode (``SPLIT=True``): the list is split across ``num_splits`` programs that write float32 partial
   outputs and base-2 lse values; :func:`_combine_kernel` merges them with an exact log-sum-exp merge.
@@ -103,6 +109,52 @@ def _dequant_rope(raw, FMT: tl.constexpr, CONVERT: tl.constexpr, SW_FP8: tl.cons
 
 
 @triton.jit
+def _e4m3_to_f16(raw, SW_FP8: tl.constexpr):
+    """float8_e4m3fn bytes -> float16, exact; with SW_FP8 the integer decode's float16, i.e. the value / 256
+    (:func:`~triton_mla_sparse._common.fp8.e4m3_to_f32`): the caller multiplies the scale by 256."""
+    if SW_FP8:
+        x = raw.to(tl.int16)
+        return (((x & 0x80) << 8) | ((x & 0x7F) << 7)).to(tl.float16, bitcast=True)
+    else:
+        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+
+
+@triton.jit
+def _chunk_pv(b_p, sc, b_v, b_a, b_alpha):
+    """One latent chunk's ``p · V`` for unscaled float16 V rows with per-row scales ``sc``: p scaled by sc / max|sc|
+    (<= 1, so float16 holds it), the dot's result by max|sc| (an all-invalid tile has max 0 and adds 0)."""
+    s_max = tl.max(tl.abs(sc), 0)
+    inv = tl.where(s_max > 0, 1.0 / s_max, 0.0)
+    b_pc = (b_p * (sc * inv)[None, :]).to(tl.float16)
+    return b_a * b_alpha[:, None] + tl.dot(b_pc, b_v) * s_max
+
+
+@triton.jit
+def _attend_f16(b_q0, b_q1, b_q2, b_q3, b_qr, b_qmax, b_k0, b_k1, b_k2, b_k3, sc0, sc1, sc2, sc3, b_kr, m_n,
+                b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE: tl.constexpr):
+    """:func:`_attend` for fp8_ds_mla with ``F16_DOT`` (see the module docstring): q chunks float16 / b_qmax, K = V
+    chunks float16 unscaled, ``sc*`` the rows' tile scales (x 256 for the integer decode)."""
+    b_s = tl.dot(b_q0, tl.trans(b_k0)) * sc0[None, :]
+    b_s += tl.dot(b_q1, tl.trans(b_k1)) * sc1[None, :]
+    b_s += tl.dot(b_q2, tl.trans(b_k2)) * sc2[None, :]
+    b_s += tl.dot(b_q3, tl.trans(b_k3)) * sc3[None, :]
+    b_s = b_s * b_qmax[:, None]
+    if HAS_ROPE:
+        b_s = tl.dot(b_qr, tl.trans(b_kr), b_s)
+    b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+    b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_alpha = tl.exp2(b_m - b_m_use)
+    b_p = tl.exp2(b_s - b_m_use[:, None])
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_a0 = _chunk_pv(b_p, sc0, b_k0, b_a0, b_alpha)
+    b_a1 = _chunk_pv(b_p, sc1, b_k1, b_a1, b_alpha)
+    b_a2 = _chunk_pv(b_p, sc2, b_k2, b_a2, b_alpha)
+    b_a3 = _chunk_pv(b_p, sc3, b_k3, b_a3, b_alpha)
+    return b_m_new, b_l, b_a0, b_a1, b_a2, b_a3
+
+
+@triton.jit
 def _attend(b_q0, b_q1, b_q2, b_q3, b_qr, b_k0, b_k1, b_k2, b_k3, b_kr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3,
             qk_scale, HAS_ROPE: tl.constexpr, dt: tl.constexpr):
     """One tile of the online softmax: scores of the block's heads against the tile's rows, then p·V."""
@@ -139,6 +191,7 @@ def _sparse_mla_fwd_kernel(
     FMT: tl.constexpr, CONVERT: tl.constexpr, HAS_ROPE: tl.constexpr,
     HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, K_SCALE_PTR: tl.constexpr,
     SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SW_FP8: tl.constexpr,
+    F16_DOT: tl.constexpr,
 ):
     i_ts = tl.program_id(0)
     i_hb = tl.program_id(1)
@@ -183,6 +236,19 @@ def _sparse_mla_fwd_kernel(
 
     if not HAS_ROPE:
         b_qr = b_q0  # unused
+    if F16_DOT:
+        b_qmax = tl.maximum(tl.maximum(tl.max(tl.abs(b_q0.to(tl.float32)), 1), tl.max(tl.abs(b_q1.to(tl.float32)), 1)),
+                            tl.maximum(tl.max(tl.abs(b_q2.to(tl.float32)), 1), tl.max(tl.abs(b_q3.to(tl.float32)), 1)))
+        # a power of two >= the largest |q| of each head: q / b_qmax is exact in float16 (bf16 and fp16 q alike)
+        b_qmax = tl.where(b_qmax > 0, tl.exp2(tl.ceil(tl.log2(b_qmax))), 0.0)
+        b_qinv = tl.where(b_qmax > 0, 1.0 / b_qmax, 0.0)
+        b_h0 = (b_q0.to(tl.float32) * b_qinv[:, None]).to(tl.float16)
+        b_h1 = (b_q1.to(tl.float32) * b_qinv[:, None]).to(tl.float16)
+        b_h2 = (b_q2.to(tl.float32) * b_qinv[:, None]).to(tl.float16)
+        b_h3 = (b_q3.to(tl.float32) * b_qinv[:, None]).to(tl.float16)
+        sw_factor = 1.0
+        if SW_FP8:
+            sw_factor = 256.0  # the integer decode's float16 is the value / 256
     for n0 in range(n_start, n_end, BLOCK_N):
         p_row, m_n = _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, n0 + o_n, n_end, num_slots, block_size, kv_ptr,
                            stride_kv_blk, stride_kv_row)
@@ -190,13 +256,28 @@ def _sparse_mla_fwd_kernel(
             b_kr = _dequant_rope(_gather_rope(p_row, o_r, m_n, FMT), FMT, CONVERT, SW_FP8, dt)
         else:
             b_kr = b_qr  # unused: NoPE rows end after the latent and must not be read past it
-        b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _attend(
-            b_q0, b_q1, b_q2, b_q3, b_qr,
-            _dequant(_gather_chunk(p_row, o_c, m_n, 0), _gather_scale(p_row, m_n, 0, FMT), FMT, CONVERT, SW_FP8, dt),
-            _dequant(_gather_chunk(p_row, o_c, m_n, 1), _gather_scale(p_row, m_n, 1, FMT), FMT, CONVERT, SW_FP8, dt),
-            _dequant(_gather_chunk(p_row, o_c, m_n, 2), _gather_scale(p_row, m_n, 2, FMT), FMT, CONVERT, SW_FP8, dt),
-            _dequant(_gather_chunk(p_row, o_c, m_n, 3), _gather_scale(p_row, m_n, 3, FMT), FMT, CONVERT, SW_FP8, dt),
-            b_kr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE, dt)
+        if F16_DOT:
+            b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _attend_f16(
+                b_h0, b_h1, b_h2, b_h3, b_qr, b_qmax,
+                _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, 0), SW_FP8),
+                _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, 1), SW_FP8),
+                _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, 2), SW_FP8),
+                _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, 3), SW_FP8),
+                _gather_scale(p_row, m_n, 0, FMT) * sw_factor, _gather_scale(p_row, m_n, 1, FMT) * sw_factor,
+                _gather_scale(p_row, m_n, 2, FMT) * sw_factor, _gather_scale(p_row, m_n, 3, FMT) * sw_factor,
+                b_kr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE)
+        else:
+            b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _attend(
+                b_q0, b_q1, b_q2, b_q3, b_qr,
+                _dequant(_gather_chunk(p_row, o_c, m_n, 0), _gather_scale(p_row, m_n, 0, FMT), FMT, CONVERT, SW_FP8,
+                         dt),
+                _dequant(_gather_chunk(p_row, o_c, m_n, 1), _gather_scale(p_row, m_n, 1, FMT), FMT, CONVERT, SW_FP8,
+                         dt),
+                _dequant(_gather_chunk(p_row, o_c, m_n, 2), _gather_scale(p_row, m_n, 2, FMT), FMT, CONVERT, SW_FP8,
+                         dt),
+                _dequant(_gather_chunk(p_row, o_c, m_n, 3), _gather_scale(p_row, m_n, 3, FMT), FMT, CONVERT, SW_FP8,
+                         dt),
+                b_kr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE, dt)
 
     # Normalise; an empty range (no valid entry) gives 0 and lse -inf.
     b_inv = tl.where(b_l > 0, 1.0 / b_l, 0.0)
@@ -308,6 +389,7 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
         FMT=fmt, CONVERT=convert, HAS_ROPE=has_rope, HAS_TOPK_LEN=p.topk_length is not None,
         HAS_SINK=p.attn_sink is not None, K_SCALE_PTR=k_scale_ptr,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8,
+        F16_DOT=cfg.f16_dot and fmt == FMT_FP8_DS_MLA,
     )
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (q_nope, q_pe, kv, p.indices, topk_len, sink, k_scale_t)
