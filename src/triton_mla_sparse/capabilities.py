@@ -35,8 +35,6 @@ class Arch:
     spills: str = ""
 
 
-_RDNA_SPILLS = ("Triton's RDNA build of the attention kernels spills registers to scratch in every configuration "
-                "tried (wave32: 256 VGPRs, no accumulation registers): correct, slower")
 ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("sm80", "cuda", 80, 32, 163 * 1024, False, ((8, 0),), "A100, A30"),
     Arch("sm86", "cuda", 86, 32, 99 * 1024, False, ((8, 6), (8, 7)), "A10, A40, RTX 3090, Jetson Orin"),
@@ -49,7 +47,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("gfx950", "hip", "gfx950", 64, 64 * 1024, True, (), "MI350X, MI355X (160 KB LDS; budgeted at 64 KB)"),
     # RDNA: wave32, 64 KB of LDS per workgroup. Triton lowers e4m3 conversions on gfx11/gfx12 by emulation, not
     # with native instructions (the compile matrix reads the assembly): the integer decode.
-    *(Arch(name, "hip", name, 32, 64 * 1024, False, (), note, spills=_RDNA_SPILLS) for name, note in (
+    *(Arch(name, "hip", name, 32, 64 * 1024, False, (), note) for name, note in (
         ("gfx1100", "RDNA3: RX 7900 XTX/XT, Radeon PRO W7900"),
         ("gfx1101", "RDNA3: RX 7800 XT/7700 XT, Radeon PRO W7800"),
         ("gfx1151", "RDNA3.5: Ryzen AI Max (Strix Halo)"),

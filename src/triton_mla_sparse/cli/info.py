@@ -46,14 +46,15 @@ def run_info(arch_name: str | None = None) -> int:
     d_ropes = " or ".join(str(d) for d in sorted(D_ROPES, reverse=True))
     print(f"formats: {', '.join(KV_FORMATS)}; q {q_dtypes}; D_v {D_V}, D_rope {d_ropes}; heads 1..{MAX_HEADS}; "
           f"top-k 1..{MAX_TOPK}; any block size")
-    print("launch table (head class x cache class -> block_h, block_n, warps, stages, programs/SM):")
+    print("launch table (head class x cache class -> block_h, block_n, warps, stages, programs/SM, variants):")
     for hc in HEAD_CLASSES:
         cells = []
         for cc in CACHE_CLASSES:
             launch = TABLE[arch.name][(hc, cc)]
             stages = f"s{launch.num_stages}" + (f"/prefill s{launch.prefill_stages}" if launch.prefill_stages else "")
+            flags = "".join(f" +{k}" for k in ("low_reg", "f16_dot") if getattr(launch, k))
             cells.append(f"{cc}: bh{launch.block_h} bn{launch.block_n} w{launch.num_warps} {stages} "
-                         f"x{launch.programs_per_sm}")
+                         f"x{launch.programs_per_sm}{flags}")
         print(f"  H<={hc if hc < 64 else MAX_HEADS:3d}  " + " | ".join(cells))
     print("unsupported here (rejected up front with these reasons):")
     for reason in unsupported_reasons(arch, heads=MAX_HEADS + 1, topk=MAX_TOPK + 1, d_rope=32, kv_format="int8",

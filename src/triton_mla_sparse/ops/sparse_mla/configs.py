@@ -32,6 +32,7 @@ class Launch:
     programs_per_sm: int  # resident programs per multiprocessor (sizes the decode split count)
     prefill_stages: int | None = None  # num_stages of the prefill kernel when it differs from the decode kernel's
     f16_dot: bool = False  # fp8_ds_mla: float16 dots on the unscaled e4m3 values (kernels.py's module docstring)
+    low_reg: bool = False  # q and the cache chunks loaded where each dot needs them, not held across the step
 
 
 HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
@@ -117,10 +118,13 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         (32, "fp8_ds_mla"): _L(16, 32, 4, 1, 1),
         (64, "fp8_ds_mla"): _L(16, 32, 4, 1, 1),
     },
-    # RDNA (wave32, 64 KB of LDS, 256 VGPRs): every configuration tried spills (Arch.spills); this one spills least
-    # on gfx1201 (94 VGPRs bf16, 279 fp8_ds_mla; a 64-head block ~900). Unmeasured (no RDNA GPU).
-    "gfx1100": {(hc, cc): _L(16, 16, 8, 1, 1) for hc in (16, 32, 64)
-                for cc in ("16bit", "fp8_e4m3", "fp8_ds_mla")},
+    # RDNA (wave32, 64 KB of LDS, 256 VGPRs, no accumulation registers): the low-register variant (q and each cache
+    # chunk loaded where its dot needs it, scores in 64-column parts) with 16-head blocks of 16-row tiles is the first
+    # configuration the compile matrix found without spills (gfx1100 bf16 204 VGPRs, fp8_e4m3 244; fp8_ds_mla only
+    # with float16 dots and 16 warps, 255; gfx12 138 / 139 / 232). Unmeasured (no RDNA GPU).
+    "gfx1100": {(hc, cc): _L(16, 16, 16 if cc == "fp8_ds_mla" else 8, 1, 1, low_reg=True,
+                             f16_dot=cc == "fp8_ds_mla")
+                for hc in (16, 32, 64) for cc in ("16bit", "fp8_e4m3", "fp8_ds_mla")},
 }
 # Head blocks a target cannot build: on sm100/sm110 a 64-head block's accumulators need 576 of the 512 tensor-memory
 # columns (triton 3.9 compiles it to a bare trap, 3.6 asks 451 KB of shared memory); on RDNA it spills registers.
@@ -160,6 +164,7 @@ class AttentionConfig:
     num_stages: int
     sw_fp8: bool = False  # decode e4m3 with integer operations (no fp8 conversion instructions on the target)
     f16_dot: bool = False  # fp8_ds_mla: float16 dots on unscaled e4m3 values, scales on scores and probabilities
+    low_reg: bool = False  # registers: q and each cache chunk loaded where its dot needs it (V gathered twice)
     programs_per_sm: int = 1  # resident programs per multiprocessor (registers/shared memory bound)
     combine_block_h: int = 8
     combine_warps: int = 4
@@ -241,5 +246,5 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     cfg = AttentionConfig(kernel=kernel, block_h=block_h, block_n=block_n, num_splits=num_splits,
                           split_len=split_len, num_warps=launch.num_warps, num_stages=num_stages,
                           sw_fp8=sw_fp8, programs_per_sm=launch.programs_per_sm,
-                          f16_dot=launch.f16_dot and cache_class(kv_format) == "fp8_ds_mla")
+                          f16_dot=launch.f16_dot and cache_class(kv_format) == "fp8_ds_mla", low_reg=launch.low_reg)
     return replace(cfg, **overrides) if overrides else cfg

@@ -13,6 +13,9 @@ head block, not once per 16 heads.
   are multiplied back), and
   each chunk's probabilities are scaled by ``scale / max |scale of the tile|`` (<= 1) and the chunk's ``p · V`` by
   that maximum, in float32.
+* ``LOW_REG`` (RDNA's table entries: wave32 has 256 VGPRs and no accumulation registers): q and each cache chunk are
+  loaded where their dot needs them instead of being held across the step, the scores are summed in 64-column
+  parts and V is gathered a second time (from cache) for ``p · V``.
 * prefill mode (``SPLIT=False``): the program covers the row's whole list and writes the final output and lse.
 * decode mode (``SPLIT=True``): the list is split across ``num_splits`` programs that write float32 partial
   outputs and base-2 lse values; :func:`_combine_kernel` merges them with an exact log-sum-exp merge.
@@ -155,6 +158,45 @@ def _attend_f16(b_q0, b_q1, b_q2, b_q3, b_qr, b_qmax, b_k0, b_k1, b_k2, b_k3, sc
 
 
 @triton.jit
+def _qk_chunk(p_q, p_row, m_h, m_n, keep, b_s, C: tl.constexpr, W: tl.constexpr, FMT: tl.constexpr,
+              CONVERT: tl.constexpr, SW_FP8: tl.constexpr, dt: tl.constexpr):
+    """LOW_REG: the scores of latent columns [C·W, C·W + W): q's part loaded here (``keep`` is always true but
+    depends on the loop, so the load is not hoisted out of it) and the cache part dropped after the dot."""
+    o_w = C * W + tl.arange(0, W)
+    b_qc = tl.load(p_q + o_w[None, :], mask=m_h[:, None] & keep[None, :], other=0.0)
+    raw = tl.load(p_row[:, None] + o_w[None, :], mask=m_n[:, None], other=0)
+    b_kc = _dequant(raw, _gather_scale(p_row, m_n, C * W // 128, FMT), FMT, CONVERT, SW_FP8, dt)
+    return tl.dot(b_qc, tl.trans(b_kc), b_s)
+
+
+@triton.jit
+def _pv_chunk(b_pc, p_row, o_c, m_n, b_a, b_alpha, C: tl.constexpr, FMT: tl.constexpr, CONVERT: tl.constexpr,
+              SW_FP8: tl.constexpr, dt: tl.constexpr):
+    """LOW_REG: one latent chunk's ``p · V``, V gathered again (from cache) rather than kept from the scores."""
+    b_vc = _dequant(_gather_chunk(p_row, o_c, m_n, C), _gather_scale(p_row, m_n, C, FMT), FMT, CONVERT, SW_FP8, dt)
+    return tl.dot(b_pc, b_vc, b_a * b_alpha[:, None])
+
+
+@triton.jit
+def _qk_chunk_f16(p_q, p_row, m_h, m_n, keep, b_s, b_qinv, sw_factor, C: tl.constexpr, W: tl.constexpr,
+                  FMT: tl.constexpr, SW_FP8: tl.constexpr):
+    """LOW_REG with F16_DOT: :func:`_qk_chunk` on float16 q / pow2 and unscaled e4m3 values, the scale after."""
+    o_w = C * W + tl.arange(0, W)
+    b_qc = tl.load(p_q + o_w[None, :], mask=m_h[:, None] & keep[None, :], other=0.0)
+    b_qc = (b_qc.to(tl.float32) * b_qinv[:, None]).to(tl.float16)
+    b_kc = _e4m3_to_f16(tl.load(p_row[:, None] + o_w[None, :], mask=m_n[:, None], other=0), SW_FP8)
+    return b_s + tl.dot(b_qc, tl.trans(b_kc)) * (_gather_scale(p_row, m_n, C * W // 128, FMT) * sw_factor)[None, :]
+
+
+@triton.jit
+def _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a, b_alpha, sw_factor, C: tl.constexpr, FMT: tl.constexpr,
+                  SW_FP8: tl.constexpr):
+    """LOW_REG with F16_DOT: :func:`_pv_chunk` through :func:`_chunk_pv`."""
+    b_vc = _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, C), SW_FP8)
+    return _chunk_pv(b_p, _gather_scale(p_row, m_n, C, FMT) * sw_factor, b_vc, b_a, b_alpha)
+
+
+@triton.jit
 def _attend(b_q0, b_q1, b_q2, b_q3, b_qr, b_k0, b_k1, b_k2, b_k3, b_kr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3,
             qk_scale, HAS_ROPE: tl.constexpr, dt: tl.constexpr):
     """One tile of the online softmax: scores of the block's heads against the tile's rows, then p·V."""
@@ -191,7 +233,7 @@ def _sparse_mla_fwd_kernel(
     FMT: tl.constexpr, CONVERT: tl.constexpr, HAS_ROPE: tl.constexpr,
     HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, K_SCALE_PTR: tl.constexpr,
     SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SW_FP8: tl.constexpr,
-    F16_DOT: tl.constexpr,
+    F16_DOT: tl.constexpr, LOW_REG: tl.constexpr,
 ):
     i_ts = tl.program_id(0)
     i_hb = tl.program_id(1)
@@ -256,7 +298,39 @@ def _sparse_mla_fwd_kernel(
             b_kr = _dequant_rope(_gather_rope(p_row, o_r, m_n, FMT), FMT, CONVERT, SW_FP8, dt)
         else:
             b_kr = b_qr  # unused: NoPE rows end after the latent and must not be read past it
-        if F16_DOT:
+        if LOW_REG:
+            QK_W: tl.constexpr = 64  # score columns per dot: half a latent chunk, for the registers
+            keep = (tl.zeros([1], dtype=tl.int32) + n0) >= n_start  # always true; [1] so masks broadcast
+            b_s = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
+            if F16_DOT:
+                for c in tl.static_range(0, 512 // QK_W):
+                    b_s = _qk_chunk_f16(p_q, p_row, m_h, m_n, keep, b_s, b_qinv, sw_factor, c, QK_W, FMT, SW_FP8)
+                b_s = b_s * b_qmax[:, None]
+            else:
+                for c in tl.static_range(0, 512 // QK_W):
+                    b_s = _qk_chunk(p_q, p_row, m_h, m_n, keep, b_s, c, QK_W, FMT, CONVERT, SW_FP8, dt)
+            if HAS_ROPE:
+                b_qrl = tl.load(p_qr, mask=m_h[:, None] & keep[None, :], other=0.0)
+                b_s = tl.dot(b_qrl, tl.trans(b_kr), b_s)
+            b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+            b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+            b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+            b_alpha = tl.exp2(b_m - b_m_use)
+            b_p = tl.exp2(b_s - b_m_use[:, None])
+            b_l = b_l * b_alpha + tl.sum(b_p, 1)
+            b_m = b_m_new
+            if F16_DOT:
+                b_a0 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a0, b_alpha, sw_factor, 0, FMT, SW_FP8)
+                b_a1 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a1, b_alpha, sw_factor, 1, FMT, SW_FP8)
+                b_a2 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a2, b_alpha, sw_factor, 2, FMT, SW_FP8)
+                b_a3 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a3, b_alpha, sw_factor, 3, FMT, SW_FP8)
+            else:
+                b_pc = b_p.to(dt)
+                b_a0 = _pv_chunk(b_pc, p_row, o_c, m_n, b_a0, b_alpha, 0, FMT, CONVERT, SW_FP8, dt)
+                b_a1 = _pv_chunk(b_pc, p_row, o_c, m_n, b_a1, b_alpha, 1, FMT, CONVERT, SW_FP8, dt)
+                b_a2 = _pv_chunk(b_pc, p_row, o_c, m_n, b_a2, b_alpha, 2, FMT, CONVERT, SW_FP8, dt)
+                b_a3 = _pv_chunk(b_pc, p_row, o_c, m_n, b_a3, b_alpha, 3, FMT, CONVERT, SW_FP8, dt)
+        elif F16_DOT:
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _attend_f16(
                 b_h0, b_h1, b_h2, b_h3, b_qr, b_qmax,
                 _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, 0), SW_FP8),
@@ -389,7 +463,7 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
         FMT=fmt, CONVERT=convert, HAS_ROPE=has_rope, HAS_TOPK_LEN=p.topk_length is not None,
         HAS_SINK=p.attn_sink is not None, K_SCALE_PTR=k_scale_ptr,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8,
-        F16_DOT=cfg.f16_dot and fmt == FMT_FP8_DS_MLA,
+        F16_DOT=cfg.f16_dot and fmt == FMT_FP8_DS_MLA, LOW_REG=cfg.low_reg,
     )
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     args = (q_nope, q_pe, kv, p.indices, topk_len, sink, k_scale_t)
