@@ -4,8 +4,8 @@
 ``TARGETS``: ``(label, spec, limit, goal)``. ``spec`` is a list of ``(numerator case selector, method, denominator
 case selector, method | BEST_PEER | (method, ...))`` -- a selector's fields must all equal the case record's; a
 tuple means the fastest of those methods -- or ``"every case:<peer>"`` (each case that has the peer, ours / peer).
-PASS: ratio <= limit, judged on CUDA-graph replay times for decode cases (both methods graph-timed), on do_bench
-medians otherwise; goal: the aim beyond the limit. See benchmarks/README.md.
+PASS: ratio <= limit, judged on CUDA-graph replay times for decode cases, attention and indexer (both methods
+graph-timed), on do_bench medians otherwise; goal: the aim beyond the limit. See benchmarks/README.md.
 """
 
 from triton_mla_sparse.bench.report import BEST_PEER

@@ -170,7 +170,7 @@ class Tracer:
 
     def wrap_impl(self, cls: type) -> None:
         """Record inside our attention impl (``TritonMLASparseImpl._forward_mqa_kernel``): q, the request-local
-        top-k positions as the indexer left them, the valid counts, the cache rows each decode row gathers (in its
+        top-k positions (sorted, under the batch-invariant mode, by the impl before the kernel), the valid counts, the cache rows each decode row gathers (in its
         top-k order; slot numbers themselves differ between runs), and the kernel's output and lse."""
         original = cls._forward_mqa_kernel
         tracer = self

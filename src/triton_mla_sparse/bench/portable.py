@@ -52,10 +52,8 @@ def portable_factory(family: str) -> MethodFactory:
         if reasons:
             raise Unsupported("; ".join(reasons))
         cfg = choose_config(c.rows, c.heads, c.topk, q.device, "auto", kv_format=fmt, arch=arch)
-        over = {"block_h": cfg.block_h, "block_n": cfg.block_n, "num_warps": cfg.num_warps,
-                "num_stages": cfg.num_stages, "sw_fp8": cfg.sw_fp8, "programs_per_sm": cfg.programs_per_sm}
-        if cfg.kernel == "decode":
-            over["num_splits"] = cfg.num_splits
+        # every field of the family's choice (split_len follows num_splits; the kernel is its own argument)
+        over = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("kernel", "split_len")}
         out = torch.empty(q.shape[0], q.shape[1], D_V, dtype=q.dtype, device=q.device)
         _, used = sparse_mla_attention_with_config(q, kv, idx, scale, kv_format=fmt, out=out, kernel=cfg.kernel,
                                                    return_config=True, **over)
@@ -108,9 +106,10 @@ def child_main(argv: list[str]) -> int:
 
 
 def run_portable(cases: list[Case], family: str, *, seed: int, ceilings: dict | None,
-                 log: Callable[[str], None] = print) -> dict:
+                 log: Callable[[str], None] = print, timeout_s: float = 1800.0) -> dict:
     """Run the child for ``cases`` (attention ones) and return ``{"records": {case name: method record},
-    "instructions": text}``; if any compiled kernel holds wgmma, every record becomes an error."""
+    "instructions": text}``; if any compiled kernel holds wgmma, every record becomes an error, and so does every
+    record when the child fails or runs past ``timeout_s``."""
     if family not in EMULATED:
         raise ValueError(f"emulate: one of {', '.join(EMULATED)}, got {family!r}")
     todo = [c for c in cases if c.kind in ("decode", "prefill")]
@@ -120,12 +119,17 @@ def run_portable(cases: list[Case], family: str, *, seed: int, ceilings: dict | 
             json.dump({"cases": [dataclasses.asdict(c) for c in todo], "ceilings": ceilings}, f)
         env = {**os.environ, "DISABLE_MMA_V3": "1", "TRITON_CACHE_DIR": os.path.join(tmp, "triton-cache")}
         log(f"--emulate {family}: {len(todo)} attention cases in a child process (DISABLE_MMA_V3=1, own Triton cache)")
-        proc = subprocess.run([sys.executable, "-m", "triton_mla_sparse.bench.portable", family, cases_path,
-                               out_path, str(seed)], env=env, stderr=subprocess.PIPE, text=True)
-        for line in proc.stderr.splitlines():
+        try:
+            proc = subprocess.run([sys.executable, "-m", "triton_mla_sparse.bench.portable", family, cases_path,
+                                   out_path, str(seed)], env=env, stderr=subprocess.PIPE, text=True,
+                                  timeout=timeout_s)
+            rc, lines = proc.returncode, proc.stderr.splitlines()
+        except subprocess.TimeoutExpired as e:
+            rc, lines = f"a timeout ({timeout_s:g} s)", (e.stderr or b"").decode(errors="replace").splitlines()
+        for line in lines:
             log(f"  [{family}] {line}")
-        if proc.returncode != 0 or not os.path.exists(out_path):
-            err = f"the emulation child exited with {proc.returncode}"
+        if rc != 0 or not os.path.exists(out_path):
+            err = f"the emulation child ended with {rc}"
             return {"records": {c.name: {"error": err} for c in todo}, "instructions": err}
         with open(out_path) as f:
             res = json.load(f)

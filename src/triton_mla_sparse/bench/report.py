@@ -4,7 +4,9 @@ needs a GPU: :func:`format_table` (the run's table), :func:`ratios_text` (ours Ã
 
 The targets are repository data, not part of the package: ``benchmarks/targets.py`` defines ``TARGETS``, a list of
 ``(label, spec, limit, goal)``; ``spec`` is a list of ``(numerator case selector, method, denominator case
-selector, method | BEST_PEER)`` or the string ``"every case:<peer>"``. PASS: ratio <= limit.
+selector, method | BEST_PEER | (method, ...))`` or the string ``"every case:<peer>"``. PASS: ratio <= limit, the
+ratio of CUDA-graph replay times for graph-timed cases (attention and indexer decode) where both methods have one,
+else of do_bench times.
 """
 
 from __future__ import annotations

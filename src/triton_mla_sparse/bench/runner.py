@@ -358,7 +358,10 @@ def run_bench(*, quick: bool = False, out: str | None = None, out_dir: str = DEF
                 write_json(doc, out)
             except OSError as e:
                 log(f"  could not write {out}: {e}")
-    if emulate and not cut_short:
+    if emulate and cut_short:
+        log(f"--emulate {emulate}: not run (the time budget was used up)")
+        doc["emulate"] = {"family": emulate, "instructions": "not run: the time budget was used up"}
+    elif emulate:
         from .portable import METHOD, run_portable
 
         ran = {r["name"] for r in results if not r.get("error")}

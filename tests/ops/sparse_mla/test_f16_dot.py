@@ -53,3 +53,28 @@ def test_f16_dot_is_only_for_fp8_ds_mla():
         prob = make_problem(fmt, 2, 8, 20, 16)
         out, lse, cfg = run_kernel(prob, "prefill", out=nan_out(2, 8), f16_dot=True, return_config=True)
         assert_matches(out, lse, *run_reference(prob), **prob.tol, what=f"{fmt} with f16_dot asked")
+
+
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_f16_dot_keeps_a_heavy_row_with_a_small_scale(kernel):
+    """A tile whose dominant row (score ~100 nats above the rest, whose latents are 0) has tile scales 2^26 below
+    the others': its weight must keep full precision in the float16 p · V (normalised by the tile's largest scale it
+    would be 2^-26, below float16's smallest subnormal). NoPE and bf16 q (6.5e6), so that every dot is float16 in
+    the interpreter."""
+    prob = make_problem("fp8_ds_mla", 1, 1, 16, 16, d_qk=512, invalid_frac=0.0, q_dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    signs = torch.randint(0, 2, (512,), generator=g).bool()
+    prob.q.copy_(torch.where(signs, -1.0, 1.0).mul(6.5e6).to(prob.q.dtype).view(prob.q.shape).to(prob.q.device))
+    rows = prob.kv_cache.reshape(-1, prob.kv_cache.shape[-1])
+    slots = [int(s) for s in prob.indices[0].tolist()]
+    heavy = slots[0]
+    rows[slots[1:], :512] = 0
+    rows[heavy, :512] = torch.where(signs, 0xFE, 0x7E).to(torch.uint8).to(rows.device)  # +-448 along q's signs
+    sc = _scale_view(prob.kv_cache)
+    sc[slots[1:]] = 2.0 ** -4
+    sc[heavy] = 2.0 ** -30
+    out, lse = run_kernel(prob, kernel, out=nan_out(1, 1, dtype=torch.bfloat16), f16_dot=True)
+    ref_out, ref_lse = run_reference(prob)
+    assert float(ref_lse.max()) > 50  # the heavy row dominates
+    assert_matches(out, lse, ref_out, ref_lse, tol=REL_TOL_BF16_OUT, lse_atol=LSE_ATOL,
+                   what=f"f16_dot heavy row, small scale, {kernel}")

@@ -10,9 +10,8 @@ head block, not once per 16 heads.
 * fp8_ds_mla with ``F16_DOT``: the e4m3 bytes go to float16 as they are (one conversion per two values, exact) and
   the tile scales are applied to the scores and to the probabilities instead of to every value: q is taken to
   float16 once, divided by a power of two >= each head's largest |q| (exact, and no q overflows float16; the scores
-  are multiplied back), and
-  each chunk's probabilities are scaled by ``scale / max |scale of the tile|`` (<= 1) and the chunk's ``p · V`` by
-  that maximum, in float32.
+  are multiplied back), and each head's weights ``p · scale`` of a chunk are divided by their largest magnitude
+  before the float16 dot and the chunk's ``p · V`` multiplied by it, in float32.
 * ``LOW_REG`` (RDNA's table entries: wave32 has 256 VGPRs and no accumulation registers): q and each cache chunk are
   loaded where their dot needs them instead of being held across the step, the scores are summed in 64-column
   parts and V is gathered a second time (from cache) for ``p · V``.
@@ -124,12 +123,14 @@ def _e4m3_to_f16(raw, SW_FP8: tl.constexpr):
 
 @triton.jit
 def _chunk_pv(b_p, sc, b_v, b_a, b_alpha):
-    """One latent chunk's ``p · V`` for unscaled float16 V rows with per-row scales ``sc``: p scaled by sc / max|sc|
-    (<= 1, so float16 holds it), the dot's result by max|sc| (an all-invalid tile has max 0 and adds 0)."""
-    s_max = tl.max(tl.abs(sc), 0)
-    inv = tl.where(s_max > 0, 1.0 / s_max, 0.0)
-    b_pc = (b_p * (sc * inv)[None, :]).to(tl.float16)
-    return b_a * b_alpha[:, None] + tl.dot(b_pc, b_v) * s_max
+    """One latent chunk's ``p · V`` for unscaled float16 V rows with per-row scales ``sc``: each head's weights
+    p · sc divided by their largest magnitude (so float16 holds them, the head's main terms at full precision), the
+    dot's result multiplied back (a head with no weight in the tile adds 0)."""
+    b_w = b_p * sc[None, :]
+    w_max = tl.max(tl.abs(b_w), 1)
+    inv = tl.where(w_max > 0, 1.0 / w_max, 0.0)
+    b_pc = (b_w * inv[:, None]).to(tl.float16)
+    return b_a * b_alpha[:, None] + tl.dot(b_pc, b_v) * w_max[:, None]
 
 
 @triton.jit
@@ -282,7 +283,7 @@ def _sparse_mla_fwd_kernel(
         b_qmax = tl.maximum(tl.maximum(tl.max(tl.abs(b_q0.to(tl.float32)), 1), tl.max(tl.abs(b_q1.to(tl.float32)), 1)),
                             tl.maximum(tl.max(tl.abs(b_q2.to(tl.float32)), 1), tl.max(tl.abs(b_q3.to(tl.float32)), 1)))
         # a power of two >= the largest |q| of each head: q / b_qmax is exact in float16 (bf16 and fp16 q alike)
-        b_qmax = tl.where(b_qmax > 0, tl.exp2(tl.ceil(tl.log2(b_qmax))), 0.0)
+        b_qmax = tl.where(b_qmax > 0, tl.exp2(tl.minimum(tl.ceil(tl.log2(b_qmax)), 127.0)), 0.0)
         b_qinv = tl.where(b_qmax > 0, 1.0 / b_qmax, 0.0)
         b_h0 = (b_q0.to(tl.float32) * b_qinv[:, None]).to(tl.float16)
         b_h1 = (b_q1.to(tl.float32) * b_qinv[:, None]).to(tl.float16)
