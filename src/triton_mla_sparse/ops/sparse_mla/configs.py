@@ -121,7 +121,7 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
     # RDNA (wave32, 64 KB of LDS, 256 VGPRs, no accumulation registers): the low-register variant (q and each cache
     # chunk loaded where its dot needs it, scores in 64-column parts) with 16-head blocks of 16-row tiles is the first
     # configuration the compile matrix found without spills (gfx1100 bf16 204 VGPRs, fp8_e4m3 244; fp8_ds_mla only
-    # with float16 dots and 16 warps, 255; gfx12 138 / 139 / 232). Unmeasured (no RDNA GPU).
+    # with float16 dots and 16 warps, 252; gfx12 138 / 139 / 228). Unmeasured (no RDNA GPU).
     "gfx1100": {(hc, cc): _L(16, 16, 16 if cc == "fp8_ds_mla" else 8, 1, 1, low_reg=True,
                              f16_dot=cc == "fp8_ds_mla")
                 for hc in (16, 32, 64) for cc in ("16bit", "fp8_e4m3", "fp8_ds_mla")},
