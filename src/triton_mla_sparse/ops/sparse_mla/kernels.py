@@ -62,7 +62,8 @@ def _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, o_k, n_end, num_slots, block
 
 @triton.jit
 def _gather_chunk(p_row, o_c, m_n, C: tl.constexpr):
-    """Latent values [C*128, C*128+128) of the gathered rows as stored (bytes for fp8 formats); 0 when invalid."""
+    """Latent values at columns ``C * 128 + o_c`` of the gathered rows as stored (bytes for fp8 formats); 0 when
+    invalid."""
     return tl.load(p_row[:, None] + (C * 128 + o_c)[None, :], mask=m_n[:, None], other=0)
 
 
@@ -122,6 +123,24 @@ def _e4m3_to_f16(raw, SW_FP8: tl.constexpr):
 
 
 @triton.jit
+def _softmax_step(b_s, m_n, b_m, b_l, qk_scale):
+    """The online softmax over one tile's raw scores: ``(running max, running sum, p, rescale of the old sums)``,
+    in base 2; invalid rows score -inf, and a head with no valid row so far keeps max -inf without a NaN."""
+    b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
+    b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_alpha = tl.exp2(b_m - b_m_use)
+    b_p = tl.exp2(b_s - b_m_use[:, None])
+    return b_m_new, b_l * b_alpha + tl.sum(b_p, 1), b_p, b_alpha
+
+
+@triton.jit
+def _q_f16(b_q, b_qinv):
+    """F16_DOT: q times the power of two ``b_qinv`` per head, in float16 (exact)."""
+    return (b_q.to(tl.float32) * b_qinv[:, None]).to(tl.float16)
+
+
+@triton.jit
 def _chunk_pv(b_p, sc, b_v, b_a, b_alpha):
     """One latent chunk's ``p · V`` for unscaled float16 V rows with per-row scales ``sc``: each head's weights
     p · sc divided by their largest magnitude (so float16 holds them, the head's main terms at full precision), the
@@ -145,12 +164,7 @@ def _attend_f16(b_q0, b_q1, b_q2, b_q3, b_qr, b_qmax, b_k0, b_k1, b_k2, b_k3, sc
     b_s = b_s * b_qmax[:, None]
     if HAS_ROPE:
         b_s = tl.dot(b_qr, tl.trans(b_kr), b_s)
-    b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
-    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
-    b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-    b_alpha = tl.exp2(b_m - b_m_use)
-    b_p = tl.exp2(b_s - b_m_use[:, None])
-    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_m_new, b_l, b_p, b_alpha = _softmax_step(b_s, m_n, b_m, b_l, qk_scale)
     b_a0 = _chunk_pv(b_p, sc0, b_k0, b_a0, b_alpha)
     b_a1 = _chunk_pv(b_p, sc1, b_k1, b_a1, b_alpha)
     b_a2 = _chunk_pv(b_p, sc2, b_k2, b_a2, b_alpha)
@@ -165,8 +179,8 @@ def _qk_chunk(p_q, p_row, m_h, m_n, keep, b_s, C: tl.constexpr, W: tl.constexpr,
     depends on the loop, so the load is not hoisted out of it) and the cache part dropped after the dot."""
     o_w = C * W + tl.arange(0, W)
     b_qc = tl.load(p_q + o_w[None, :], mask=m_h[:, None] & keep[None, :], other=0.0)
-    raw = tl.load(p_row[:, None] + o_w[None, :], mask=m_n[:, None], other=0)
-    b_kc = _dequant(raw, _gather_scale(p_row, m_n, C * W // 128, FMT), FMT, CONVERT, SW_FP8, dt)
+    b_kc = _dequant(_gather_chunk(p_row, o_w, m_n, 0), _gather_scale(p_row, m_n, C * W // 128, FMT), FMT, CONVERT,
+                    SW_FP8, dt)
     return tl.dot(b_qc, tl.trans(b_kc), b_s)
 
 
@@ -184,8 +198,8 @@ def _qk_chunk_f16(p_q, p_row, m_h, m_n, keep, b_s, b_qinv, sw_factor, C: tl.cons
     """LOW_REG with F16_DOT: :func:`_qk_chunk` on float16 q / pow2 and unscaled e4m3 values, the scale after."""
     o_w = C * W + tl.arange(0, W)
     b_qc = tl.load(p_q + o_w[None, :], mask=m_h[:, None] & keep[None, :], other=0.0)
-    b_qc = (b_qc.to(tl.float32) * b_qinv[:, None]).to(tl.float16)
-    b_kc = _e4m3_to_f16(tl.load(p_row[:, None] + o_w[None, :], mask=m_n[:, None], other=0), SW_FP8)
+    b_qc = _q_f16(b_qc, b_qinv)
+    b_kc = _e4m3_to_f16(_gather_chunk(p_row, o_w, m_n, 0), SW_FP8)
     return b_s + tl.dot(b_qc, tl.trans(b_kc)) * (_gather_scale(p_row, m_n, C * W // 128, FMT) * sw_factor)[None, :]
 
 
@@ -207,12 +221,7 @@ def _attend(b_q0, b_q1, b_q2, b_q3, b_qr, b_k0, b_k1, b_k2, b_k3, b_kr, m_n, b_m
     b_s = tl.dot(b_q3, tl.trans(b_k3), b_s)
     if HAS_ROPE:
         b_s = tl.dot(b_qr, tl.trans(b_kr), b_s)
-    b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
-    b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
-    b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-    b_alpha = tl.exp2(b_m - b_m_use)
-    b_p = tl.exp2(b_s - b_m_use[:, None])
-    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_m_new, b_l, b_p, b_alpha = _softmax_step(b_s, m_n, b_m, b_l, qk_scale)
     b_pc = b_p.to(dt)
     b_a0 = tl.dot(b_pc, b_k0, b_a0 * b_alpha[:, None])
     b_a1 = tl.dot(b_pc, b_k1, b_a1 * b_alpha[:, None])
@@ -285,10 +294,10 @@ def _sparse_mla_fwd_kernel(
         # a power of two >= the largest |q| of each head: q / b_qmax is exact in float16 (bf16 and fp16 q alike)
         b_qmax = tl.where(b_qmax > 0, tl.exp2(tl.minimum(tl.ceil(tl.log2(b_qmax)), 127.0)), 0.0)
         b_qinv = tl.where(b_qmax > 0, 1.0 / b_qmax, 0.0)
-        b_h0 = (b_q0.to(tl.float32) * b_qinv[:, None]).to(tl.float16)
-        b_h1 = (b_q1.to(tl.float32) * b_qinv[:, None]).to(tl.float16)
-        b_h2 = (b_q2.to(tl.float32) * b_qinv[:, None]).to(tl.float16)
-        b_h3 = (b_q3.to(tl.float32) * b_qinv[:, None]).to(tl.float16)
+        b_h0 = _q_f16(b_q0, b_qinv)
+        b_h1 = _q_f16(b_q1, b_qinv)
+        b_h2 = _q_f16(b_q2, b_qinv)
+        b_h3 = _q_f16(b_q3, b_qinv)
         sw_factor = 1.0
         if SW_FP8:
             sw_factor = 256.0  # the integer decode's float16 is the value / 256
@@ -313,13 +322,7 @@ def _sparse_mla_fwd_kernel(
             if HAS_ROPE:
                 b_qrl = tl.load(p_qr, mask=m_h[:, None] & keep[None, :], other=0.0)
                 b_s = tl.dot(b_qrl, tl.trans(b_kr), b_s)
-            b_s = tl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
-            b_m_new = tl.maximum(b_m, tl.max(b_s, 1))
-            b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-            b_alpha = tl.exp2(b_m - b_m_use)
-            b_p = tl.exp2(b_s - b_m_use[:, None])
-            b_l = b_l * b_alpha + tl.sum(b_p, 1)
-            b_m = b_m_new
+            b_m, b_l, b_p, b_alpha = _softmax_step(b_s, m_n, b_m, b_l, qk_scale)
             if F16_DOT:
                 b_a0 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a0, b_alpha, sw_factor, 0, FMT, SW_FP8)
                 b_a1 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a1, b_alpha, sw_factor, 1, FMT, SW_FP8)
