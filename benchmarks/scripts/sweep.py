@@ -1,11 +1,12 @@
 """Launch-configuration sweep for the attention kernels (GPU only), with the peers timed in the same process.
 
-    python benchmarks/scripts/sweep.py [--peers DIR] [--cases decode_h16,...] [--out sweep.json]
+    python benchmarks/scripts/sweep.py [--peers DIR] [--cases decode_h16,...] [--graph] [--out sweep.json]
 
 For each case (the bench's inputs) it times a list of configurations of our kernels (block_h, block_n, warps,
 stages, splits) and every peer that applies and loads (the bench's peer adapters: FlashMLA, the page_size=1 dense
 Triton kernel); every timing is preceded by the bench's accuracy check against the float32 reference. The results
-feed benchmarks/NOTES.md and the launch table of the sparse MLA kernels.
+feed benchmarks/NOTES.md and the launch table of the sparse MLA kernels. ``--graph`` times decode cases by CUDA-graph
+replay (the bench's decode basis) instead of ``do_bench``.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ import triton
 from triton_mla_sparse.bench import (EXTERNAL_PEERS, Case, DoBenchTimer, PeerUnavailable, build_inputs,
                                      check_output, decode_case, load_peers, method_applies, method_factories,
                                      prefill_case, reference_output)
+from triton_mla_sparse.bench.timing import time_graph
 from triton_mla_sparse.ops.sparse_mla import sparse_mla_attention_with_config
 
 CASES: dict[str, Callable[[str], Case]] = {
     **{f"decode_h{h}": (lambda fmt, h=h: decode_case(h, 64, fmt)) for h in (8, 16, 32, 64, 128)},
     "decode_h16_b256": lambda fmt: decode_case(16, 256, fmt),
+    "decode_h128_b256": lambda fmt: decode_case(128, 256, fmt),
     "decode_h128_b1_64k": lambda fmt: decode_case(128, 1, fmt, ctx=65536),
-    **{f"prefill_h{h}": (lambda fmt, h=h: prefill_case(h, fmt)) for h in (16, 64, 128)},
+    **{f"prefill_h{h}": (lambda fmt, h=h: prefill_case(h, fmt)) for h in (8, 16, 64, 128)},
 }
 
 
@@ -57,6 +60,7 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--max-configs", type=int, default=1000)
     ap.add_argument("--configs", default="", help="JSON list of config overrides to time instead of the grid")
+    ap.add_argument("--graph", action="store_true", help="decode cases: CUDA-graph replay times")
     args = ap.parse_args()
     peers = load_peers(args.peers, wanted=[m for m in EXTERNAL_PEERS if not m.startswith("deepgemm")])
     for m, s in peers.status.items():
@@ -76,6 +80,8 @@ def main() -> None:
                 err, problem = check_output(case, fn(), ref, sel)
                 if problem:
                     raise ValueError(problem)
+                if args.graph and case.kind == "decode":
+                    return time_graph(fn), err
                 return timer(fn), err
 
             line = {"case": name, "fmt": fmt, "ours": []}
@@ -107,8 +113,8 @@ def main() -> None:
                 except Exception as e:  # noqa: BLE001
                     print(f"{name:22s} {fmt:10s} {str(over):40s} FAILED {type(e).__name__}: {str(e)[:150]}")
                     continue
-                tag = f"{cfg.kernel[:3]} h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} " \
-                      f"sp{cfg.num_splits} sw{int(cfg.sw_fp8)}"
+                tag = f"{cfg.family} {cfg.kernel[:3]} h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} " \
+                      f"s{cfg.num_stages} sp{cfg.num_splits} sw{int(cfg.sw_fp8)}" + " f16" * cfg.f16_dot
                 line["ours"].append((tag, ms, err))
                 print(f"{name:22s} {fmt:10s} {tag:40s} {ms:8.4f} ms err {err:.1e}", flush=True)
             best = min(line["ours"], key=lambda r: r[1]) if line["ours"] else None
