@@ -127,13 +127,13 @@ def main():
         inp = bench.build_inputs(bench.decode_case(H, 1, fmt, ctx=4096, topk=64), dev)
         q, kv, idx = inp.q, inp.kv_cache, inp.indices
         p = check_attention_inputs(q, kv, idx, 0.1)
-        cfg = _choose_config(p.T, p.H, p.topk, dev, "auto", p.kv_format, arch_for_device(dev))
+        cfg = _choose_config(p.T, p.H, p.topk, dev, "auto", p.kv_format, arch_for_device(dev), p.dtype)
         out = torch.empty(1, H, 512, dtype=torch.bfloat16, device=dev)
         rows = {
             "sparse_mla_attention": lambda: tms.sparse_mla_attention(q, kv, idx, 0.1),
             "  check_attention_inputs": lambda: check_attention_inputs(q, kv, idx, 0.1),
             "  config (memoised)": lambda: _choose_config(p.T, p.H, p.topk, dev, "auto", p.kv_format,
-                                                              arch_for_device(dev)),
+                                                              arch_for_device(dev), p.dtype),
             "  torch.empty x1": lambda: torch.empty(1, H, 512, dtype=torch.bfloat16, device=dev),
             "  launch_sparse_mla (kernels only)": lambda: launch_sparse_mla(p, cfg, out),
             "torch.add (one tiny torch op)": lambda: torch.add(q, 1.0),

@@ -159,8 +159,8 @@ def test_matrix(pool, heads, rows, fmt):
     (64, 64, "fp16", "decode", {"num_splits": 3}),
     # the 64-head block that the sm90 table no longer picks (it spills): still reachable there; refused where it
     # cannot be built (sm100: tensor memory)
-    (128, 64, "bf16", "prefill", {"block_h": 64, "block_n": 64}),
-    (64, 64, "fp8_ds_mla_pow2", "decode", {"block_h": 64, "block_n": 64, "num_splits": 4}),
+    (128, 64, "bf16", "prefill", {"block_h": 64, "block_n": 64, "family": "tl"}),
+    (64, 64, "fp8_ds_mla_pow2", "decode", {"block_h": 64, "block_n": 64, "num_splits": 4, "family": "tl"}),
 ])
 def test_forced_kernel(pool, heads, rows, fmt, kernel, overrides):
     torch.manual_seed(7 * heads + rows)

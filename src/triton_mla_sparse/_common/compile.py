@@ -53,15 +53,18 @@ def target_for(arch: Arch) -> GPUTarget:
 
 def compile_kernel(fn: Any, sig: dict[str, str], const: dict[str, Any], divisible: Iterable[str], arch: Arch,
                    num_warps: int, num_stages: int, ones: Iterable[str] = ()) -> CompiledKernel:
-    """``triton.compile`` of ``fn`` for ``arch`` with ``sig`` (name -> type), constexprs ``const``, and what a real
-    launch specialises: the names in ``divisible`` as divisible by 16, those in ``ones`` as the constant 1 (Triton
-    turns an int argument equal to 1 into a constexpr)."""
+    """``triton.compile`` of ``fn`` (``@triton.jit`` or ``@gluon.jit``) for ``arch`` with ``sig`` (name -> type),
+    constexprs ``const``, and what a real launch specialises: the names in ``divisible`` as divisible by 16, those in
+    ``ones`` as the constant 1 (Triton turns an int argument equal to 1 into a constexpr)."""
     names = list(sig) + list(const)
     full = dict(sig, **{k: "constexpr" for k in const}, **{k: "constexpr" for k in ones})
     consts = {(names.index(k),): v for k, v in const.items()}
     consts.update({(names.index(k),): 1 for k in ones})
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
-    src = ASTSource(fn=fn, signature=full, constexprs=consts, attrs=attrs)
+    source = ASTSource
+    if type(fn).__name__ == "GluonJITFunction":
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    src = source(fn=fn, signature=full, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=target_for(arch), options=dict(num_warps=num_warps, num_stages=num_stages))
 
 

@@ -46,6 +46,16 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
     sig = {n: (f"*{q_dtype}" if t == "q" else kv_type if t == "kv" else t) for n, t in _PTR_TYPES.items()}
     sig.update({n: "i32" for n in _INTS})
     sig.update(sm_scale_log2="fp32", k_scale="fp32")
+    if cfg.family != "tl":
+        if cfg.family == "wgmma":
+            from .kernels_wgmma import _sparse_mla_fwd_wgmma as fn
+        else:
+            from .kernels_mma2 import _sparse_mla_fwd_mma2 as fn
+
+        const = dict(FMT=fmt, HAS_ROPE=has_rope, HAS_TOPK_LEN=True, HAS_SINK=True, SPLIT=split, BLOCK_H=cfg.block_h,
+                     BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8)
+        return compile_kernel(fn, sig, const, list(_PTR_TYPES) + sorted(_DIV16), arch, cfg.num_warps, 1,
+                              ones=("stride_idx_k",))
     const = dict(FMT=fmt, CONVERT=fmt == K.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,
                  HAS_TOPK_LEN=True, HAS_SINK=True, K_SCALE_PTR=False, SPLIT=split, BLOCK_H=cfg.block_h,
                  BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8, F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA,

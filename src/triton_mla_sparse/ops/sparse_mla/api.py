@@ -257,9 +257,10 @@ def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: 
             raise ValueError(f"q: this configuration is not supported on {describe_device(dev)}: "
                              + "; ".join(reasons))
     if config_overrides:
-        cfg = choose_config(p.T, p.H, p.topk, dev, kernel, kv_format=p.kv_format, arch=arch, **config_overrides)
+        cfg = choose_config(p.T, p.H, p.topk, dev, kernel, kv_format=p.kv_format, arch=arch, q_dtype=p.dtype,
+                            **config_overrides)
     else:
-        cfg = _choose_config(p.T, p.H, p.topk, dev, kernel, p.kv_format, arch)
+        cfg = _choose_config(p.T, p.H, p.topk, dev, kernel, p.kv_format, arch, p.dtype)
     result = out if out is not None else torch.empty(p.T, p.H, D_V, dtype=p.dtype, device=dev)
     lse = torch.empty(p.T, p.H, dtype=torch.float32, device=dev) if return_lse else None
     if p.T > 0:
@@ -282,5 +283,5 @@ def _unsupported(arch, q_dtype, kv_format, d_rope, heads, topk, block_size, dev)
 
 
 @functools.lru_cache(maxsize=4096)
-def _choose_config(T, H, topk, dev, kernel, kv_format, arch):
-    return choose_config(T, H, topk, dev, kernel, kv_format=kv_format, arch=arch)
+def _choose_config(T, H, topk, dev, kernel, kv_format, arch, q_dtype):
+    return choose_config(T, H, topk, dev, kernel, kv_format=kv_format, arch=arch, q_dtype=q_dtype)

@@ -8,6 +8,7 @@ checks shared memory against the architecture's budget and (NVIDIA) that ptxas r
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,9 @@ class Launch:
     prefill_stages: int | None = None  # num_stages of the prefill kernel when it differs from the decode kernel's
     f16_dot: bool = False  # fp8_ds_mla: float16 dots on the unscaled e4m3 values (kernels.py's module docstring)
     low_reg: bool = False  # q and the cache chunks loaded where each dot needs them, not held across the step
+    family: str = "tl"  # "tl": kernels.py; "mma2" / "wgmma": kernels_mma2.py / kernels_wgmma.py (num_stages = their
+    # STAGES: tiles in flight + 1)
+    kernels: tuple[str, ...] = ("decode", "prefill")  # Gluon entries: the kernels they serve (the tl entry the rest)
 
 
 HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
@@ -126,6 +130,37 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
                              f16_dot=cc == "fp8_ds_mla")
                 for hc in (16, 32, 64) for cc in ("16bit", "fp8_e4m3", "fp8_ds_mla")},
 }
+# The Gluon kernels where they were measured faster than the tl kernel on the H200 (benchmarks/NOTES.md, 2026-12-01
+# session 5; decode by graph replay, prefill by do_bench): mma2 (kernels_mma2.py: cp.async gathers STAGES - 1 tiles
+# ahead, mma.sync) for bf16 decode at <= 16 heads (B=64: 0.050 / 0.052 ms vs 0.065 / 0.067) and fp8_ds_mla up to 32
+# heads (decode h16 0.068 vs 0.102, prefill h16 3.37 vs 4.60 ms); wgmma (kernels_wgmma.py: 64-head blocks, two
+# warpgroups) above 32 heads (decode h128 bf16 0.134 vs 0.254, fp8_ds_mla 0.180 vs 0.473; prefill h128 bf16 6.53 vs
+# 13.5). The tl kernel stays the faster bf16 prefill at <= 16 heads (no entry for that kernel here). Elsewhere
+# (sm80, sm86/89/120: unmeasured, no such GPU) the entries fit the shared memory: 16-head blocks of 32-row tiles.
+# Everything else, and every problem under the interpreter, runs the tl kernel of TABLE; ``kernels`` names what an
+# entry serves (the tl entry serves the rest).
+_M = functools.partial(Launch, family="mma2")
+_W = functools.partial(Launch, family="wgmma")
+GLUON_CACHE_CLASSES = ("16bit", "fp8_ds_mla")
+GLUON_FAMILIES = ("mma2", "wgmma")
+GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
+    "sm90": {
+        (16, "16bit"): _M(16, 32, 4, 2, 1, kernels=("decode",)),
+        (16, "fp8_ds_mla"): _M(16, 32, 4, 3, 1, prefill_stages=2),
+        (32, "fp8_ds_mla"): _M(32, 64, 8, 2, 1),
+        (64, "16bit"): _W(64, 64, 8, 2, 1),
+        (64, "fp8_ds_mla"): _W(64, 64, 8, 2, 1),
+    },
+    # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB)
+    "sm80": {(hc, cc): _M(16, 32, 4, 3, 1) for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES},
+    # ~99 KB (sm86, sm89, sm120): two stages (93 KB)
+    "sm86": {(hc, cc): _M(16, 32, 4, 2, 1) for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES},
+}
+GLUON_TABLE["sm89"] = GLUON_TABLE["sm86"]
+GLUON_TABLE["sm120"] = GLUON_TABLE["sm86"]
+# what a forced family runs where the table has no entry of it
+_GLUON_DEFAULT = {"mma2": _M(16, 32, 4, 2, 1), "wgmma": _W(64, 64, 8, 2, 1)}
+
 # Head blocks a target cannot build: on sm100/sm110 a 64-head block's accumulators need 576 of the 512 tensor-memory
 # columns (triton 3.9 compiles it to a bare trap, 3.6 asks 451 KB of shared memory); on RDNA it spills registers.
 MAX_BLOCK_H = {"sm100": 32, "sm110": 32, **{a: 32 for a in ("gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201")}}
@@ -168,6 +203,7 @@ class AttentionConfig:
     programs_per_sm: int = 1  # resident programs per multiprocessor (registers/shared memory bound)
     combine_block_h: int = 8
     combine_warps: int = 4
+    family: str = "tl"  # which kernel: "tl" (kernels.py), "mma2" / "wgmma" (kernels_mma2.py / kernels_wgmma.py)
 
     def describe(self) -> str:
         """Short text: kernel, head block, gather block, splits, warps/stages, and every option switched on."""
@@ -176,6 +212,7 @@ class AttentionConfig:
         else:
             text = (f"decode bh{self.block_h} bn{self.block_n} split{self.num_splits}x{self.split_len} "
                     f"w{self.num_warps} st{self.num_stages}")
+        text = ("" if self.family == "tl" else f"{self.family} ") + text
         return text + "".join(f" +{k}" for k, v in vars(self).items() if v is True)
 
 
@@ -203,15 +240,32 @@ def _split_count(rows_x_heads: int, n_blocks: int, slots: int) -> int:
     return best
 
 
+def gluon_supported(family: str, arch: Arch | None, kv_format: str, q_dtype: torch.dtype | None = None) -> bool:
+    """The Gluon kernel ``family`` can run this problem: not the interpreter, an NVIDIA target with cp.async and
+    mma.sync (``"mma2"``: sm80 on) or Hopper's wgmma (``"wgmma"``: sm90), a bf16/fp16 cache read as stored
+    (``q_dtype`` None or the cache's dtype) or fp8_ds_mla."""
+    if arch is None or interpreting() or arch.backend != "cuda" or family not in GLUON_FAMILIES:
+        return False
+    if int(arch.target) < 80 or (family == "wgmma" and arch.name != "sm90"):
+        return False
+    if kv_format == "fp8_ds_mla":
+        return True
+    native = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(kv_format)
+    return native is not None and (q_dtype is None or q_dtype == native)
+
+
 def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str = "auto", *,
-                  kv_format: str = "bf16", arch: Arch | None = None, **overrides: object) -> AttentionConfig:
+                  kv_format: str = "bf16", arch: Arch | None = None, q_dtype: torch.dtype | None = None,
+                  **overrides: object) -> AttentionConfig:
     """Pick the kernel and its launch parameters for ``T`` rows, ``H`` heads and lists of ``topk`` slots.
 
     The table entry of the device's architecture (``arch``, else the device's) sets the head block (every cache
     row gathered for a row is shared by up to ``block_h`` heads), the tile and the warps. The prefill kernel is
     chosen when rows × head blocks alone fill two waves of resident programs; otherwise the decode kernel splits
     each row's list so that the grid fills whole waves. ``overrides`` replace any field (tests and benchmarks use
-    them to reach a specific configuration).
+    them to reach a specific configuration; ``family`` ``"tl"``, ``"mma2"`` or ``"wgmma"`` picks the kernel, whose
+    table entry then applies). A Gluon kernel (``GLUON_TABLE``) runs where it has an entry for the problem's classes
+    and kernel and :func:`gluon_supported` holds (``q_dtype``: q's dtype, when known); the tl kernel everywhere else.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
@@ -219,12 +273,36 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
         from ...capabilities import arch_for_device
 
         arch = arch_for_device(device)
+    family = overrides.pop("family", None)
+    if family not in (None, "tl", *GLUON_FAMILIES):
+        raise ValueError(f"family: expected 'tl', 'mma2' or 'wgmma', got {family!r}")
+    key = (head_class(H), cache_class(kv_format))
+    if family in GLUON_FAMILIES and not gluon_supported(family, arch, kv_format, q_dtype):
+        raise ValueError(f"family: the {family} kernel needs {'sm90' if family == 'wgmma' else 'an NVIDIA GPU from sm80 on'}"
+                         f" and a bf16/fp16 cache read as stored or fp8_ds_mla; got "
+                         f"{arch.name if arch else 'no GPU'}, {kv_format}, q {q_dtype}")
     if arch is None or interpreting():
         launch = replace(_INTERPRETER, block_h=min(64, max(16, _next_pow2(H))))
         sw_fp8 = False
     else:
-        launch = TABLE[arch.name][(head_class(H), cache_class(kv_format))]
+        launch = TABLE[arch.name][key]
         sw_fp8 = use_sw_fp8(arch, kv_format)
+    # the kernel is chosen with the tl entry's sizes, then a Gluon entry takes over where it serves that kernel
+    block_h = overrides.get("block_h", launch.block_h)
+    n_hb = -(-H // block_h)
+    n_blocks = -(-topk // overrides.get("block_n", launch.block_n))
+    slots = multiprocessor_count(device) * overrides.get("programs_per_sm", launch.programs_per_sm)
+    if kernel == "auto":
+        kernel = "prefill" if T * n_hb >= 2 * slots or n_blocks == 1 else "decode"
+    entry = GLUON_TABLE.get(arch.name, {}).get(key) if arch is not None else None
+    if family is None and entry is not None and kernel in entry.kernels and gluon_supported(
+            entry.family, arch, kv_format, q_dtype):
+        family, launch = entry.family, entry
+    elif family in GLUON_FAMILIES:
+        launch = entry if entry is not None and entry.family == family else _GLUON_DEFAULT[family]
+    else:
+        family = "tl"
+    launch = replace(launch, programs_per_sm=overrides.pop("programs_per_sm", launch.programs_per_sm))
     block_h = overrides.pop("block_h", launch.block_h)
     block_n = overrides.pop("block_n", launch.block_n)
     if arch is not None and not interpreting() and block_h > MAX_BLOCK_H.get(arch.name, 64):
@@ -233,8 +311,6 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     n_hb = -(-H // block_h)
     slots = multiprocessor_count(device) * launch.programs_per_sm
     n_blocks = -(-topk // block_n)
-    if kernel == "auto":
-        kernel = "prefill" if T * n_hb >= 2 * slots or n_blocks == 1 else "decode"
     num_stages = launch.num_stages
     if kernel == "prefill":
         num_splits = 1
@@ -246,5 +322,6 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     cfg = AttentionConfig(kernel=kernel, block_h=block_h, block_n=block_n, num_splits=num_splits,
                           split_len=split_len, num_warps=launch.num_warps, num_stages=num_stages,
                           sw_fp8=sw_fp8, programs_per_sm=launch.programs_per_sm,
-                          f16_dot=launch.f16_dot and cache_class(kv_format) == "fp8_ds_mla", low_reg=launch.low_reg)
+                          f16_dot=launch.f16_dot and cache_class(kv_format) == "fp8_ds_mla", low_reg=launch.low_reg,
+                          family=family)
     return replace(cfg, **overrides) if overrides else cfg

@@ -22,6 +22,7 @@ head block, not once per 16 heads.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import triton
@@ -430,6 +431,12 @@ _launch_combine = CachedLauncher(_combine_kernel)
 _FMT_CODES = {"bf16": FMT_NATIVE, "fp16": FMT_NATIVE, "fp8_e4m3": FMT_FP8, "fp8_ds_mla": FMT_FP8_DS_MLA}
 
 
+def _rows_16b_aligned(kv: torch.Tensor) -> bool:
+    """Every cache row starts on a 16-byte boundary (the pointer and both row strides in bytes)."""
+    e = kv.element_size()
+    return kv.data_ptr() % 16 == 0 and (kv.stride(0) * e) % 16 == 0 and (kv.stride(1) * e) % 16 == 0
+
+
 def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tensor,
                       lse: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the kernel(s) of ``cfg`` for the validated problem ``p`` (an ``AttentionProblem``), writing ``out``
@@ -470,6 +477,22 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
         F16_DOT=cfg.f16_dot and fmt == FMT_FP8_DS_MLA, LOW_REG=cfg.low_reg,
     )
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    launch = _launch_fwd
+    if cfg.family != "tl" and not _rows_16b_aligned(kv):
+        cfg = replace(cfg, family="tl")  # cp.async copies 16-byte vectors; any other cache runs the tl kernel
+    if cfg.family != "tl":
+        if cfg.family == "wgmma":
+            from .kernels_wgmma import launch_fwd_wgmma as launch
+        else:
+            from .kernels_mma2 import launch_fwd_mma2 as launch
+
+        if fmt not in (FMT_NATIVE, FMT_FP8_DS_MLA) or convert:
+            raise ValueError(f"family: the {cfg.family} kernel reads bf16/fp16 caches in q's dtype and fp8_ds_mla, "
+                             f"got {p.kv_format} with q {q_nope.dtype}")
+        common = dict(FMT=fmt, HAS_ROPE=has_rope, HAS_TOPK_LEN=p.topk_length is not None,
+                      HAS_SINK=p.attn_sink is not None, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+                      STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8)
+        opts = dict(num_warps=cfg.num_warps, num_stages=1)
     args = (q_nope, q_pe, kv, p.indices, topk_len, sink, k_scale_t)
     qstrides = (q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
                 kv.stride(0), kv.stride(1), p.indices.stride(0), p.indices.stride(1), topk_len.stride(0),
@@ -477,12 +500,12 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
     sizes = (T, H, p.topk, p.num_slots, p.block_size)
     scales = (p.softmax_scale * LOG2E, k_scale_f)
     if cfg.kernel == "prefill":
-        _launch_fwd((T, n_hb), (
+        launch((T, n_hb), (
             *args, out, lse, *qstrides,
             out.stride(0), 0, out.stride(1), lse.stride(0), 0, lse.stride(1),
             *sizes, 1, p.topk, *scales), dict(common, SPLIT=False), **opts)
         return lse
-    _launch_fwd((T * ns, n_hb), (
+    launch((T * ns, n_hb), (
         *args, part_o, part_lse, *qstrides,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),

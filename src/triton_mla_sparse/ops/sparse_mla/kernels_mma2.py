@@ -1,0 +1,306 @@
+"""Gluon kernel for sparse MLA attention on NVIDIA GPUs from sm80 on: cp.async row gathers, mma.sync dots.
+
+Same program grid, arguments and outputs as :func:`.kernels._sparse_mla_fwd_kernel` (one program per query row,
+block of ``BLOCK_H`` heads and range of the row's list; prefill or split-decode partials merged by the same
+combine kernel), for bf16/fp16 caches read as stored and fp8_ds_mla rows. What differs is the memory pipeline,
+written out instead of left to Triton's pipeliner (which waits for every gather before the step that uses it):
+
+* the cache rows of ``STAGES - 1`` tiles are in flight (``cp.async`` straight into shared memory, one 16-byte copy
+  per vector, zero-filled for masked rows) while a tile is computed; the slot ids of the next tile to gather are
+  loaded one step ahead, so no step waits for an index;
+* q sits in shared memory and both dots read their operands from there (``ldmatrix``): the registers hold the
+  four ``[BLOCK_H, 128]`` float32 accumulators and one tile's scores, nothing of the size of q or a tile;
+* the scores are split over the warps along the tile's rows and the output over the warps along its columns, so no
+  warp repeats another's work (Triton gives a 32-head block's scores to every warp);
+* fp8_ds_mla: the raw 656-byte rows (e4m3 latent, float32 tile scales, bf16 RoPE) are gathered as bytes and
+  dequantised once per tile from shared memory into a 16-bit tile that both dots read.
+
+Every layout is derived from ``num_warps``; the launch table decides where this kernel runs (``kernel_family``).
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.experimental import gluon
+from triton.runtime.jit import constexpr_function
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import ampere
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as _ac
+
+from ..._common.launch import CachedLauncher
+from .kernels import _e4m3_to_f16
+
+# Names that changed between triton 3.6 (the H200's) and 3.9 (the CI's).
+_async_load = getattr(_ac, "async_load", None) or _ac.async_copy_global_to_shared
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+LATENT = gl.constexpr(512)
+ROPE = gl.constexpr(64)
+
+
+@constexpr_function
+def _mma_layout(num_warps):
+    """Scores and outputs: warps side by side along the columns (tile rows / output columns)."""
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, num_warps], instr_shape=[16, 8])
+
+
+@constexpr_function
+def _gather_layout(vec, num_warps):
+    """Rows over warps (4 per warp), ``vec``-element 16-byte vectors over 8 lanes per row."""
+    return gl.BlockedLayout([1, vec], [4, 8], [num_warps, 1], [1, 0])
+
+
+@constexpr_function
+def _scale_layout(num_warps):
+    """fp8_ds_mla tile scales: a row's four float32 values in one thread."""
+    return gl.BlockedLayout([1, 4], [32, 1], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, pos0, n_end, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    """Slot ids of list entries ``pos0 + [0, BLOCK_N)`` (-1 past this program's range)."""
+    o_k = pos0 + gl.arange(0, BLOCK_N, layout)
+    m_k = o_k < n_end
+    return gl.load(idx_ptr + i_t * stride_idx_t + o_k.to(gl.int64) * stride_idx_k, mask=m_k, other=-1)
+
+
+@gluon.jit
+def _row_ptrs(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row):
+    """Row pointers of slot ids and their validity (0 <= slot < num_slots); invalid ids point at slot 0."""
+    m_n = (idx >= 0) & (idx < num_slots)
+    slot = gl.where(m_n, idx, 0)
+    i_blk = slot // block_size
+    i_off = slot - i_blk * block_size
+    return kv_ptr + i_blk.to(gl.int64) * stride_kv_blk + i_off.to(gl.int64) * stride_kv_row, m_n
+
+
+@gluon.jit
+def _issue(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row, lat_s, rope_s, sc_s, st,
+           FMT: gl.constexpr, HAS_ROPE: gl.constexpr):
+    """Start the copies of one tile's rows (slot ids ``idx``) into stage ``st`` of the shared buffers."""
+    p_row, m_n = _row_ptrs(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row)
+    if FMT == 2:
+        L8: gl.constexpr = _gather_layout(16, gl.num_warps())
+        p8 = gl.convert_layout(p_row, gl.SliceLayout(1, L8))
+        m8 = gl.convert_layout(m_n, gl.SliceLayout(1, L8))
+        o_c = gl.arange(0, LATENT, gl.SliceLayout(0, L8))
+        _async_load(lat_s.index(st), p8[:, None] + o_c[None, :], mask=m8[:, None])
+        LS: gl.constexpr = _scale_layout(gl.num_warps())
+        ps = gl.convert_layout(p_row, gl.SliceLayout(1, LS))
+        ms = gl.convert_layout(m_n, gl.SliceLayout(1, LS))
+        o_s = gl.arange(0, 4, gl.SliceLayout(0, LS))
+        _async_load(sc_s.index(st), (ps + LATENT).to(gl.pointer_type(gl.float32))[:, None] + o_s[None, :],
+                    mask=ms[:, None])
+        if HAS_ROPE:
+            o_r = gl.arange(0, ROPE, gl.SliceLayout(0, _gather_layout(8, gl.num_warps())))
+            _async_load(rope_s.index(st), (p_row + LATENT + 16).to(gl.pointer_type(gl.bfloat16))[:, None]
+                        + o_r[None, :], mask=m_n[:, None])
+    else:
+        o_c = gl.arange(0, LATENT, gl.SliceLayout(0, _gather_layout(8, gl.num_warps())))
+        _async_load(lat_s.index(st), p_row[:, None] + o_c[None, :], mask=m_n[:, None])
+        if HAS_ROPE:
+            o_r = gl.arange(0, ROPE, gl.SliceLayout(0, _gather_layout(8, gl.num_warps())))
+            _async_load(rope_s.index(st), p_row[:, None] + (LATENT + o_r)[None, :], mask=m_n[:, None])
+
+
+@gluon.jit
+def _tile_scale(sc_s, st):
+    """fp8_ds_mla: the largest of a tile's scales (1 where all are 0: zero-filled rows only)."""
+    sc = sc_s.index(st).load(_scale_layout(gl.num_warps()))
+    s_t = gl.max(gl.max(sc, 1), 0)
+    return gl.where(s_t > 0, s_t, 1.0)
+
+
+@gluon.jit
+def _dequant_tile(raw_s, sc_s, deq_s, st, s_t, SW_FP8: gl.constexpr):
+    """fp8_ds_mla: e4m3 bytes -> the float16 tile ``deq_s`` of value x scale / ``s_t`` (<= 448 in magnitude; the
+    caller applies ``s_t`` to the scores and the output), one 128-column chunk at a time: one conversion per two
+    values (float16 holds every e4m3 value) and one float16 multiply per value."""
+    L8: gl.constexpr = _gather_layout(16, gl.num_warps())
+    LQ: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])  # rows as L8's
+    sc = sc_s.index(st).load(LQ)
+    o_s = gl.arange(0, 4, gl.SliceLayout(0, LQ))
+    r = 1.0 / s_t
+    if SW_FP8:
+        r = r * 256.0  # the integer decode's float16 is the value / 256
+    for c in gl.static_range(LATENT // 128):
+        r_c = gl.convert_layout(gl.sum(gl.where(o_s[None, :] == c, sc, 0.0), 1) * r, gl.SliceLayout(1, L8))
+        raw = raw_s.index(st).slice(c * 128, 128, dim=1).load(L8)
+        deq_s.slice(c * 128, 128, dim=1).store(_e4m3_to_f16(raw, SW_FP8) * r_c.to(gl.float16)[:, None])
+
+
+@gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len"])
+def _sparse_mla_fwd_mma2(
+    q_nope_ptr, q_pe_ptr, kv_ptr, idx_ptr, topk_len_ptr, sink_ptr, k_scale_ptr, out_ptr, lse_ptr,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+    stride_kv_blk, stride_kv_row,
+    stride_idx_t, stride_idx_k, stride_tl, stride_sink,
+    stride_o_t, stride_o_s, stride_o_h,
+    stride_l_t, stride_l_s, stride_l_h,
+    T, H, topk, num_slots, block_size, num_splits, split_len,
+    sm_scale_log2, k_scale,
+    FMT: gl.constexpr, HAS_ROPE: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+    SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    SW_FP8: gl.constexpr,
+):
+    i_ts = gl.program_id(0)
+    i_hb = gl.program_id(1)
+    i_t = (i_ts // num_splits).to(gl.int64)
+    i_s = i_ts % num_splits
+    dt: gl.constexpr = q_nope_ptr.dtype.element_ty
+
+    MMA: gl.constexpr = _mma_layout(gl.num_warps())
+    DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
+    G16: gl.constexpr = _gather_layout(8, gl.num_warps())
+    ROW: gl.constexpr = gl.SliceLayout(1, G16)
+    SH16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    # fp8_ds_mla runs its latent dots in float16 (the tile as _dequant_tile leaves it, q over a power of two)
+    lt: gl.constexpr = gl.float16 if FMT == 2 else dt
+    q_s = gl.allocate_shared_memory(lt, [BLOCK_H, LATENT], SH16)
+    qr_s = gl.allocate_shared_memory(dt, [BLOCK_H, ROPE], SH16)
+    rope_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, ROPE], SH16)
+    if FMT == 2:
+        SH8: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        raw_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, LATENT], SH8)
+        sc_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], SH8)
+        lat_s = gl.allocate_shared_memory(lt, [1, BLOCK_N, LATENT], SH16)  # the dequantised tile
+    else:
+        raw_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, LATENT], SH16)
+        sc_s = raw_s  # unused
+        lat_s = raw_s
+
+    # q of this row and head block into shared memory, through registers (any alignment; heads past H read as 0).
+    o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, ROW)
+    p_q = q_nope_ptr + i_t * stride_qn_t + o_hq.to(gl.int64)[:, None] * stride_qn_h
+    b_q = gl.load(p_q + gl.arange(0, LATENT, gl.SliceLayout(0, G16))[None, :], mask=(o_hq < H)[:, None], other=0.0)
+    if FMT == 2:
+        # a power of two >= each head's largest |q|: q / b_qmax is exact in float16, the scores are scaled back
+        b_qmax = gl.max(gl.abs(b_q.to(gl.float32)), 1)
+        b_qmax = gl.where(b_qmax > 0, gl.exp2(gl.minimum(gl.ceil(gl.log2(b_qmax)), 127.0)), 1.0)
+        q_s.store((b_q.to(gl.float32) * (1.0 / b_qmax)[:, None]).to(gl.float16))
+        b_qmax = gl.convert_layout(b_qmax, gl.SliceLayout(1, _mma_layout(gl.num_warps())))
+    else:
+        q_s.store(b_q)
+    if HAS_ROPE:
+        p_qr = q_pe_ptr + i_t * stride_qp_t + o_hq.to(gl.int64)[:, None] * stride_qp_h
+        qr_s.store(gl.load(p_qr + gl.arange(0, ROPE, gl.SliceLayout(0, G16))[None, :], mask=(o_hq < H)[:, None],
+                           other=0.0))
+
+    # This program's part of the row's list.
+    n_row = topk
+    if HAS_TOPK_LEN:
+        n_row = gl.minimum(gl.maximum(gl.load(topk_len_ptr + i_t * stride_tl), 0), topk)
+    n_start = i_s * split_len
+    n_end = gl.minimum(n_start + split_len, n_row)
+    n_tiles = gl.cdiv(n_end - n_start, BLOCK_N)
+
+    # Prologue: tiles 0 .. STAGES-2 in flight, the slot ids of tile STAGES-1 loaded.
+    idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, BLOCK_N, ROW)
+    for u in gl.static_range(STAGES - 1):
+        idx_u = idx_nx
+        idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (u + 1) * BLOCK_N, n_end, BLOCK_N,
+                           ROW)
+        if u < n_tiles:
+            _issue(kv_ptr, idx_u, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, u,
+                   FMT, HAS_ROPE)
+        _ac.commit_group()
+
+    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, MMA))
+    m_h = o_h < H
+    o_c = gl.arange(0, 128, gl.SliceLayout(0, MMA))
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, MMA))
+    b_l = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, MMA))
+    b_a0 = gl.zeros([BLOCK_H, 128], gl.float32, MMA)
+    b_a1 = gl.zeros([BLOCK_H, 128], gl.float32, MMA)
+    b_a2 = gl.zeros([BLOCK_H, 128], gl.float32, MMA)
+    b_a3 = gl.zeros([BLOCK_H, 128], gl.float32, MMA)
+    qk_scale = sm_scale_log2
+    s_run = 1.0  # fp8_ds_mla: the accumulators hold the output / s_run
+
+    for t in range(0, n_tiles):
+        st = t % STAGES
+        # slot ids of this tile in the score layout, for the masks (loaded STAGES - 1 steps ago: a cache hit)
+        idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N,
+                          gl.SliceLayout(0, MMA))
+        _ac.wait_group(STAGES - 2)
+        _barrier()  # tile t visible to every warp; every warp done with tile t - 1, whose stage is refilled now
+        t_nx = t + STAGES - 1
+        idx_t = idx_nx
+        idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (t_nx + 1) * BLOCK_N, n_end,
+                           BLOCK_N, ROW)
+        if t_nx < n_tiles:
+            _issue(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s,
+                   t_nx % STAGES, FMT, HAS_ROPE)
+        _ac.commit_group()
+        if FMT == 2:
+            s_t = _tile_scale(sc_s, st)
+            _dequant_tile(raw_s, sc_s, lat_s.index(0), st, s_t, SW_FP8)
+            _barrier()
+            k_t = lat_s.index(0)
+        else:
+            k_t = lat_s.index(st)
+
+        b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, MMA)
+        for c in gl.static_range(LATENT // 64):
+            b_s = ampere.mma_v2(q_s.slice(c * 64, 64, dim=1).load(DOT_A),
+                                k_t.slice(c * 64, 64, dim=1).permute([1, 0]).load(DOT_B), b_s)
+        if FMT == 2:
+            b_s = b_s * (b_qmax * s_t)[:, None]
+        if HAS_ROPE:
+            b_s = ampere.mma_v2(qr_s.load(DOT_A), rope_s.index(st).permute([1, 0]).load(DOT_B), b_s)
+        m_n = (idx_c >= 0) & (idx_c < num_slots)
+        b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+        b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
+        b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_alpha = gl.exp2(b_m - b_m_use)
+        b_p = gl.exp2(b_s - b_m_use[:, None])
+        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        b_m = b_m_new
+        if FMT == 2:
+            b_alpha = b_alpha * (s_run / s_t)  # the accumulators move to the units of this tile's scale
+            s_run = s_t
+        b_pa = gl.convert_layout(b_p.to(lt), DOT_A)
+        b_a0 = ampere.mma_v2(b_pa, k_t.slice(0 * 128, 128, dim=1).load(DOT_B), b_a0 * b_alpha[:, None])
+        b_a1 = ampere.mma_v2(b_pa, k_t.slice(1 * 128, 128, dim=1).load(DOT_B), b_a1 * b_alpha[:, None])
+        b_a2 = ampere.mma_v2(b_pa, k_t.slice(2 * 128, 128, dim=1).load(DOT_B), b_a2 * b_alpha[:, None])
+        b_a3 = ampere.mma_v2(b_pa, k_t.slice(3 * 128, 128, dim=1).load(DOT_B), b_a3 * b_alpha[:, None])
+    _ac.wait_group(0)  # no copy may outlive the program's shared memory
+
+    # Normalise; an empty range (no valid entry) gives 0 and lse -inf.
+    b_inv = gl.where(b_l > 0, 1.0 / b_l, 0.0)
+    if FMT == 2:
+        b_inv = b_inv * s_run
+    b_lse2 = gl.where(b_l > 0, b_m + gl.log2(b_l), float("-inf"))
+    if SPLIT:
+        p_o = out_ptr + i_t * stride_o_t + i_s.to(gl.int64) * stride_o_s + o_h[:, None].to(gl.int64) * stride_o_h
+        gl.store(lse_ptr + i_t * stride_l_t + i_s.to(gl.int64) * stride_l_s + o_h * stride_l_h, b_lse2, mask=m_h)
+    else:
+        if HAS_SINK:
+            b_sink = gl.load(sink_ptr + o_h * stride_sink, mask=m_h, other=0.0)
+            # as in the tl kernel: an empty row stays 0, a -inf sink changes nothing
+            b_inv = gl.where(b_lse2 == float("-inf"), 0.0,
+                             b_inv / (1.0 + gl.exp2(b_sink * 1.4426950408889634 - b_lse2)))
+        p_o = out_ptr + i_t * stride_o_t + o_h[:, None].to(gl.int64) * stride_o_h
+        gl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
+    ty: gl.constexpr = out_ptr.dtype.element_ty
+    gl.store(p_o + (0 * 128 + o_c)[None, :], (b_a0 * b_inv[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (1 * 128 + o_c)[None, :], (b_a1 * b_inv[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (2 * 128 + o_c)[None, :], (b_a2 * b_inv[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * b_inv[:, None]).to(ty), mask=m_h[:, None])
+
+
+launch_fwd_mma2 = CachedLauncher(_sparse_mla_fwd_mma2)
+
+
+def shared_bytes(block_h: int, block_n: int, stages: int, fp8_ds_mla: bool, elem: int = 2) -> int:
+    """Shared memory of one program (q, the staged tiles and, for fp8_ds_mla, the dequantised tile)."""
+    q = block_h * (LATENT + ROPE) * elem
+    rope = stages * block_n * ROPE * elem
+    if fp8_ds_mla:
+        return q + rope + stages * block_n * (LATENT + 16) + block_n * LATENT * elem
+    return q + rope + stages * block_n * LATENT * elem
+
+
+__all__ = ["launch_fwd_mma2", "shared_bytes", "triton"]

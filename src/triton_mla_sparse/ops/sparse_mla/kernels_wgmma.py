@@ -1,0 +1,203 @@
+"""Gluon kernel for sparse MLA attention on Hopper (sm90) with 64-head blocks: cp.async gathers, wgmma dots.
+
+The memory pipeline, the grid, the arguments and the outputs are those of :mod:`.kernels_mma2` (whose helpers it
+uses); the dots are warpgroup MMAs reading both operands from shared memory, which is what makes 64 heads per program
+pay: one operand read serves a whole warpgroup, where mma.sync makes every warp read its own copy of q.
+
+Eight warps form two warpgroups. The scores ``[64, BLOCK_N]`` are split between them along the tile's rows, the
+probabilities go through shared memory (each warpgroup needs all of them), and the output ``[64, 512]`` is split
+along its columns (four ``[64, 128]`` float32 accumulators, 128 registers per thread). fp8_ds_mla rows are
+dequantised once per tile to float16 as in the mma2 kernel.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import hopper
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as _ac
+from triton.runtime.jit import constexpr_function
+
+from ..._common.launch import CachedLauncher
+from .kernels_mma2 import (LATENT, ROPE, _barrier, _dequant_tile, _gather_layout, _issue, _load_idx,
+                           _tile_scale)
+
+
+@constexpr_function
+def _wg_layout(n):
+    """A wgmma accumulator of 64 rows: four warps along the rows, the two warpgroups side by side along ``n``
+    columns."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, n // 2, 16])
+
+
+@constexpr_function
+def _p_layout(block_h, block_n, dtype):
+    """The probabilities' shared tile: the widest swizzle its rows allow."""
+    return gl.NVMMASharedLayout.get_default_for([block_h, block_n], dtype)
+
+
+@gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len"])
+def _sparse_mla_fwd_wgmma(
+    q_nope_ptr, q_pe_ptr, kv_ptr, idx_ptr, topk_len_ptr, sink_ptr, k_scale_ptr, out_ptr, lse_ptr,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+    stride_kv_blk, stride_kv_row,
+    stride_idx_t, stride_idx_k, stride_tl, stride_sink,
+    stride_o_t, stride_o_s, stride_o_h,
+    stride_l_t, stride_l_s, stride_l_h,
+    T, H, topk, num_slots, block_size, num_splits, split_len,
+    sm_scale_log2, k_scale,
+    FMT: gl.constexpr, HAS_ROPE: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+    SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    SW_FP8: gl.constexpr,
+):
+    gl.static_assert(BLOCK_H == 64, "the wgmma kernel runs 64-head blocks")
+    gl.static_assert(gl.num_warps() == 8, "the wgmma kernel runs two warpgroups")
+    i_ts = gl.program_id(0)
+    i_hb = gl.program_id(1)
+    i_t = (i_ts // num_splits).to(gl.int64)
+    i_s = i_ts % num_splits
+    dt: gl.constexpr = q_nope_ptr.dtype.element_ty
+    lt: gl.constexpr = gl.float16 if FMT == 2 else dt
+
+    S_L: gl.constexpr = _wg_layout(BLOCK_N)
+    O_L: gl.constexpr = _wg_layout(128)
+    G16: gl.constexpr = _gather_layout(8, gl.num_warps())
+    ROW: gl.constexpr = gl.SliceLayout(1, G16)
+    SH16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    q_s = gl.allocate_shared_memory(lt, [BLOCK_H, LATENT], SH16)
+    qr_s = gl.allocate_shared_memory(dt, [BLOCK_H, ROPE], SH16)
+    rope_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, ROPE], SH16)
+    p_s = gl.allocate_shared_memory(lt, [BLOCK_H, BLOCK_N], _p_layout(BLOCK_H, BLOCK_N, lt))
+    if FMT == 2:
+        SH8: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        raw_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, LATENT], SH8)
+        sc_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], SH8)
+        lat_s = gl.allocate_shared_memory(lt, [1, BLOCK_N, LATENT], SH16)
+    else:
+        raw_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, LATENT], SH16)
+        sc_s = raw_s  # unused
+        lat_s = raw_s
+
+    o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, ROW)
+    p_q = q_nope_ptr + i_t * stride_qn_t + o_hq.to(gl.int64)[:, None] * stride_qn_h
+    b_q = gl.load(p_q + gl.arange(0, LATENT, gl.SliceLayout(0, G16))[None, :], mask=(o_hq < H)[:, None], other=0.0)
+    if FMT == 2:
+        b_qmax = gl.max(gl.abs(b_q.to(gl.float32)), 1)
+        b_qmax = gl.where(b_qmax > 0, gl.exp2(gl.minimum(gl.ceil(gl.log2(b_qmax)), 127.0)), 1.0)
+        q_s.store((b_q.to(gl.float32) * (1.0 / b_qmax)[:, None]).to(gl.float16))
+        b_qmax = gl.convert_layout(b_qmax, gl.SliceLayout(1, S_L))
+    else:
+        q_s.store(b_q)
+    if HAS_ROPE:
+        p_qr = q_pe_ptr + i_t * stride_qp_t + o_hq.to(gl.int64)[:, None] * stride_qp_h
+        qr_s.store(gl.load(p_qr + gl.arange(0, ROPE, gl.SliceLayout(0, G16))[None, :], mask=(o_hq < H)[:, None],
+                           other=0.0))
+
+    n_row = topk
+    if HAS_TOPK_LEN:
+        n_row = gl.minimum(gl.maximum(gl.load(topk_len_ptr + i_t * stride_tl), 0), topk)
+    n_start = i_s * split_len
+    n_end = gl.minimum(n_start + split_len, n_row)
+    n_tiles = gl.cdiv(n_end - n_start, BLOCK_N)
+
+    idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, BLOCK_N, ROW)
+    for u in gl.static_range(STAGES - 1):
+        idx_u = idx_nx
+        idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (u + 1) * BLOCK_N, n_end, BLOCK_N,
+                           ROW)
+        if u < n_tiles:
+            _issue(kv_ptr, idx_u, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, u,
+                   FMT, HAS_ROPE)
+        _ac.commit_group()
+
+    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_L))
+    m_h = o_h < H
+    o_c = gl.arange(0, 128, gl.SliceLayout(0, O_L))
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))
+    b_l = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, S_L))
+    b_a0 = gl.zeros([BLOCK_H, 128], gl.float32, O_L)
+    b_a1 = gl.zeros([BLOCK_H, 128], gl.float32, O_L)
+    b_a2 = gl.zeros([BLOCK_H, 128], gl.float32, O_L)
+    b_a3 = gl.zeros([BLOCK_H, 128], gl.float32, O_L)
+    qk_scale = sm_scale_log2
+    s_run = 1.0
+
+    for t in range(0, n_tiles):
+        st = t % STAGES
+        idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N,
+                          gl.SliceLayout(0, S_L))
+        _ac.wait_group(STAGES - 2)
+        _barrier()  # tile t and q visible; every warp done with tile t - 1 and with the probabilities of t - 1
+        t_nx = t + STAGES - 1
+        idx_t = idx_nx
+        idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (t_nx + 1) * BLOCK_N, n_end,
+                           BLOCK_N, ROW)
+        if t_nx < n_tiles:
+            _issue(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s,
+                   t_nx % STAGES, FMT, HAS_ROPE)
+        _ac.commit_group()
+        if FMT == 2:
+            s_t = _tile_scale(sc_s, st)
+            _dequant_tile(raw_s, sc_s, lat_s.index(0), st, s_t, SW_FP8)
+            _barrier()
+            k_t = lat_s.index(0)
+        else:
+            k_t = lat_s.index(st)
+        hopper.fence_async_shared()  # cp.async and register stores -> the wgmma operand reads
+
+        b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_L)
+        for c in gl.static_range(LATENT // 64):
+            b_s = hopper.warpgroup_mma(q_s.slice(c * 64, 64, dim=1), k_t.slice(c * 64, 64, dim=1).permute([1, 0]),
+                                       b_s)
+        if FMT == 2:
+            b_s = b_s * (b_qmax * s_t)[:, None]
+        if HAS_ROPE:
+            b_s = hopper.warpgroup_mma(qr_s, rope_s.index(st).permute([1, 0]), b_s)
+        m_n = (idx_c >= 0) & (idx_c < num_slots)
+        b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+        b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
+        b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_alpha = gl.exp2(b_m - b_m_use)
+        b_p = gl.exp2(b_s - b_m_use[:, None])
+        b_l = b_l * b_alpha + gl.sum(b_p, 1)
+        b_m = b_m_new
+        if FMT == 2:
+            b_alpha = b_alpha * (s_run / s_t)
+            s_run = s_t
+        p_s.store(b_p.to(lt))
+        hopper.fence_async_shared()
+        _barrier()  # both warpgroups' probabilities in place
+        b_al = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_L))[:, None]
+        b_a0 = hopper.warpgroup_mma(p_s, k_t.slice(0 * 128, 128, dim=1), b_a0 * b_al)
+        b_a1 = hopper.warpgroup_mma(p_s, k_t.slice(1 * 128, 128, dim=1), b_a1 * b_al)
+        b_a2 = hopper.warpgroup_mma(p_s, k_t.slice(2 * 128, 128, dim=1), b_a2 * b_al)
+        b_a3 = hopper.warpgroup_mma(p_s, k_t.slice(3 * 128, 128, dim=1), b_a3 * b_al)
+    _ac.wait_group(0)
+
+    b_inv = gl.where(b_l > 0, 1.0 / b_l, 0.0)
+    if FMT == 2:
+        b_inv = b_inv * s_run
+    b_lse2 = gl.where(b_l > 0, b_m + gl.log2(b_l), float("-inf"))
+    b_inv = gl.convert_layout(b_inv, gl.SliceLayout(1, O_L))
+    b_lse2 = gl.convert_layout(b_lse2, gl.SliceLayout(1, O_L))
+    if SPLIT:
+        p_o = out_ptr + i_t * stride_o_t + i_s.to(gl.int64) * stride_o_s + o_h[:, None].to(gl.int64) * stride_o_h
+        gl.store(lse_ptr + i_t * stride_l_t + i_s.to(gl.int64) * stride_l_s + o_h * stride_l_h, b_lse2, mask=m_h)
+    else:
+        if HAS_SINK:
+            b_sink = gl.load(sink_ptr + o_h * stride_sink, mask=m_h, other=0.0)
+            b_inv = gl.where(b_lse2 == float("-inf"), 0.0,
+                             b_inv / (1.0 + gl.exp2(b_sink * 1.4426950408889634 - b_lse2)))
+        p_o = out_ptr + i_t * stride_o_t + o_h[:, None].to(gl.int64) * stride_o_h
+        gl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
+    ty: gl.constexpr = out_ptr.dtype.element_ty
+    gl.store(p_o + (0 * 128 + o_c)[None, :], (b_a0 * b_inv[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (1 * 128 + o_c)[None, :], (b_a1 * b_inv[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (2 * 128 + o_c)[None, :], (b_a2 * b_inv[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * b_inv[:, None]).to(ty), mask=m_h[:, None])
+
+
+launch_fwd_wgmma = CachedLauncher(_sparse_mla_fwd_wgmma)
+
+__all__ = ["launch_fwd_wgmma"]

@@ -1,0 +1,130 @@
+"""GPU tier: the Gluon kernels (``family="mma2"``: kernels_mma2.py, ``"wgmma"``: kernels_wgmma.py) against the
+float32 reference, at launch configurations beyond the table's (tile rows, stages, warps, head blocks), on poisoned
+caches (NaN everywhere outside the selection and in the slack of a strided cache), garbage indices, topk_length and
+sinks, with and without RoPE. The interpreter cannot run Gluon: CUDA only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ._env import DEV, GPU_TIER, gpu_only
+from .test_gpu import (BS, NB, NUM_SLOTS, ROWS, SCALE, TOPK, _bytes, _fill_nan_, _with_garbage,  # noqa: F401
+                       check_against_reference, make_indices, make_q, pool)
+from triton_mla_sparse.capabilities import arch_for_device
+from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
+from triton_mla_sparse.ops.sparse_mla.configs import gluon_supported
+
+pytestmark = [*GPU_TIER, gpu_only]
+
+# (family, heads, block_h, block_n, num_warps, stages)
+SHAPES = [("mma2", 8, 16, 32, 4, 2), ("mma2", 16, 16, 32, 4, 3), ("mma2", 16, 16, 32, 4, 4),
+          ("mma2", 16, 16, 64, 8, 2), ("mma2", 64, 32, 64, 8, 2), ("mma2", 128, 64, 32, 8, 2),
+          ("mma2", 128, 16, 32, 4, 2), ("wgmma", 64, 64, 64, 8, 2), ("wgmma", 128, 64, 32, 8, 3),
+          ("wgmma", 40, 64, 32, 8, 4), ("wgmma", 16, 64, 64, 8, 2)]
+
+
+def _skip_unless_supported(fmt: str, family: str = "mma2"):
+    arch = arch_for_device(torch.device(DEV))
+    if not gluon_supported(family, arch, fmt.split("_pow2")[0].split("_fp32")[0]):
+        pytest.skip(f"the {family} kernel does not run on {arch.name if arch else DEV}")
+
+
+def _poisoned(pool, fmt: str, idx: torch.Tensor):
+    """The cache in a strided NaN-filled storage holding the clean rows only at the slots ``idx`` selects."""
+    c = pool.caches[fmt]
+    clean = c.tensor
+    row = clean.shape[-1]
+    storage = torch.empty(NB, BS + 3, row + 16, dtype=clean.dtype, device=DEV)
+    _fill_nan_(storage, c.kv_format)
+    cache = storage[:, :BS, :row]
+    valid = idx[(idx >= 0) & (idx < NUM_SLOTS)].long().unique()
+    blk, off = valid // BS, valid % BS
+    _bytes(cache)[blk, off] = _bytes(clean)[blk, off]
+    return c, cache
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp8_ds_mla_pow2", "fp8_ds_mla_fp32"])
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+@pytest.mark.parametrize("family,heads,block_h,block_n,num_warps,stages", SHAPES)
+def test_gluon_poisoned_cache_garbage_indices_lengths_sinks(pool, fmt, kernel, family, heads, block_h, block_n,
+                                                            num_warps, stages):
+    _skip_unless_supported(fmt, family)
+    torch.manual_seed(heads * 131 + block_n * 7 + stages)
+    T = ROWS[64]
+    idx = _with_garbage(make_indices(pool, T), NUM_SLOTS, frac=0.2)
+    c, cache = _poisoned(pool, fmt, idx)
+    q = make_q(T, heads, c.q_dtype)
+    tl = torch.randint(-5, TOPK + 10, (T,), dtype=torch.int32, device=DEV)
+    tl[1:6] = torch.tensor([0, TOPK, 1, block_n - 1, block_n + 1], dtype=torch.int32, device=DEV)
+    sink = torch.randn(heads, dtype=torch.float32, device=DEV)
+    sink[0], sink[1] = float("inf"), float("-inf")
+    out = torch.full((T, heads, 512), float("nan"), dtype=c.q_dtype, device=DEV)
+    _, lse, cfg = sparse_mla_attention_with_config(
+        q, cache, idx, SCALE, kv_format=c.kv_format, out=out, return_lse=True, kernel=kernel, return_config=True,
+        topk_length=tl, attn_sink=sink, family=family, block_h=block_h, block_n=block_n, num_warps=num_warps,
+        num_stages=stages)
+    assert (cfg.family, cfg.kernel, cfg.block_h, cfg.block_n, cfg.num_stages) == (family, kernel, block_h, block_n,
+                                                                                   stages)
+    check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format, topk_length=tl, attn_sink=sink,
+                            all_rows=True)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+@pytest.mark.parametrize("family,heads", [("mma2", 16), ("mma2", 128), ("wgmma", 128)])
+def test_gluon_nope_512(pool, fmt, kernel, family, heads):
+    """No RoPE part: 512-value bf16 rows; fp8_ds_mla rows keep their 656 bytes and the RoPE bytes go unread."""
+    _skip_unless_supported(fmt, family)
+    torch.manual_seed(9 + heads)
+    T = ROWS[64]
+    c = pool.caches[fmt]
+    cache = c.tensor[..., :512].contiguous() if fmt == "bf16" else c.tensor
+    q = torch.randn(T, heads, 512, dtype=c.q_dtype, device=DEV)
+    idx = _with_garbage(make_indices(pool, T), NUM_SLOTS, frac=0.1)
+    out = torch.full((T, heads, 512), float("nan"), dtype=c.q_dtype, device=DEV)
+    _, lse, cfg = sparse_mla_attention_with_config(q, cache, idx, SCALE, kv_format=c.kv_format, out=out,
+                                                   return_lse=True, kernel=kernel, return_config=True, family=family)
+    assert cfg.family == family
+    check_against_reference(out, lse, q, cache, idx, kv_format=c.kv_format, all_rows=True)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
+@pytest.mark.parametrize("family,heads", [("mma2", 16), ("wgmma", 64)])
+def test_gluon_and_tl_agree(pool, fmt, family, heads):
+    """The two kernels of one problem: both within the tolerance of the reference and of each other."""
+    _skip_unless_supported(fmt, family)
+    torch.manual_seed(77)
+    T, H = ROWS[64], heads
+    c = pool.caches[fmt]
+    q = make_q(T, H, c.q_dtype)
+    idx = make_indices(pool, T)
+    outs = {}
+    for fam in ("tl", family):
+        outs[fam], lse, cfg = sparse_mla_attention_with_config(q, c.tensor, idx, SCALE, kv_format=c.kv_format,
+                                                               return_lse=True, return_config=True, family=fam)
+        assert cfg.family == fam
+        check_against_reference(outs[fam], lse, q, c.tensor, idx, kv_format=c.kv_format)
+    d = (outs["tl"].float() - outs[family].float()).norm() / outs["tl"].float().norm()
+    assert d <= 1e-2, f"the kernels differ by {d:.2e}"
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
+@pytest.mark.parametrize("family,H", [("mma2", 16), ("wgmma", 64)])
+def test_gluon_cache_rows_off_16_bytes_run_the_tl_kernel(pool, fmt, family, H):
+    """cp.async copies 16-byte vectors: a cache whose row stride is not a multiple of 16 bytes is read by the tl
+    kernel instead, with the same result."""
+    _skip_unless_supported(fmt, family)
+    torch.manual_seed(13)
+    T = ROWS[64]
+    c = pool.caches[fmt]
+    row = c.tensor.shape[-1]
+    cache = torch.empty(NB, BS, row + 4 // c.tensor.element_size(), dtype=c.tensor.dtype, device=DEV)[..., :row]
+    cache.copy_(c.tensor)
+    assert (cache.stride(1) * cache.element_size()) % 16 != 0
+    q = make_q(T, H, c.q_dtype)
+    idx = make_indices(pool, T)
+    out = torch.full((T, H, 512), float("nan"), dtype=c.q_dtype, device=DEV)
+    _, lse = sparse_mla_attention_with_config(q, cache, idx, SCALE, kv_format=c.kv_format, out=out,
+                                              return_lse=True, family=family)
+    check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format)
