@@ -104,29 +104,52 @@ def _issue(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row, lat
 
 
 @gluon.jit
-def _tile_scale(sc_s, st):
-    """fp8_ds_mla: the largest of a tile's scales (1 where all are 0: zero-filled rows only)."""
-    sc = sc_s.index(st).load(_scale_layout(gl.num_warps()))
-    s_t = gl.max(gl.max(sc, 1), 0)
-    return gl.where(s_t > 0, s_t, 1.0)
+def _chunk_scales(sc_s, st):
+    """fp8_ds_mla: for each of a tile's four 128-column chunks, the largest scale over the tile's rows (1 where all
+    are 0: zero-filled rows only). Chunks are normalised separately: their scales are independent (and may be 2^100
+    apart), and each chunk alone makes 128 output columns."""
+    LS: gl.constexpr = _scale_layout(gl.num_warps())
+    cmax = gl.max(sc_s.index(st).load(LS), 0)
+    cmax = gl.where(cmax > 0, cmax, 1.0)
+    o_s = gl.arange(0, 4, gl.SliceLayout(0, LS))
+    return (gl.sum(gl.where(o_s == 0, cmax, 0.0), 0), gl.sum(gl.where(o_s == 1, cmax, 0.0), 0),
+            gl.sum(gl.where(o_s == 2, cmax, 0.0), 0), gl.sum(gl.where(o_s == 3, cmax, 0.0), 0))
 
 
 @gluon.jit
-def _dequant_tile(raw_s, sc_s, deq_s, st, s_t, SW_FP8: gl.constexpr):
-    """fp8_ds_mla: e4m3 bytes -> the float16 tile ``deq_s`` of value x scale / ``s_t`` (<= 448 in magnitude; the
-    caller applies ``s_t`` to the scores and the output), one 128-column chunk at a time: one conversion per two
-    values (float16 holds every e4m3 value) and one float16 multiply per value."""
+def _dequant_chunk(raw_s, sc, o_s, deq_s, st, s_c, C: gl.constexpr, SW_FP8: gl.constexpr):
     L8: gl.constexpr = _gather_layout(16, gl.num_warps())
-    LQ: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])  # rows as L8's
-    sc = sc_s.index(st).load(LQ)
-    o_s = gl.arange(0, 4, gl.SliceLayout(0, LQ))
-    r = 1.0 / s_t
+    r = 1.0 / s_c
     if SW_FP8:
         r = r * 256.0  # the integer decode's float16 is the value / 256
-    for c in gl.static_range(LATENT // 128):
-        r_c = gl.convert_layout(gl.sum(gl.where(o_s[None, :] == c, sc, 0.0), 1) * r, gl.SliceLayout(1, L8))
-        raw = raw_s.index(st).slice(c * 128, 128, dim=1).load(L8)
-        deq_s.slice(c * 128, 128, dim=1).store(_e4m3_to_f16(raw, SW_FP8) * r_c.to(gl.float16)[:, None])
+    r_c = gl.convert_layout(gl.sum(gl.where(o_s[None, :] == C, sc, 0.0), 1) * r, gl.SliceLayout(1, L8))
+    raw = raw_s.index(st).slice(C * 128, 128, dim=1).load(L8)
+    deq_s.slice(C * 128, 128, dim=1).store(_e4m3_to_f16(raw, SW_FP8) * r_c.to(gl.float16)[:, None])
+
+
+@gluon.jit
+def _dequant_tile(raw_s, sc_s, deq_s, st, s0, s1, s2, s3, SW_FP8: gl.constexpr):
+    """fp8_ds_mla: e4m3 bytes -> the float16 tile ``deq_s`` of value x scale / ``s_c`` for chunk c (<= 448 in
+    magnitude; the caller applies ``s_c`` to the chunk's scores and output): one conversion per two values (float16
+    holds every e4m3 value) and one float16 multiply per value."""
+    LQ: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])  # rows as the gather's
+    sc = sc_s.index(st).load(LQ)
+    o_s = gl.arange(0, 4, gl.SliceLayout(0, LQ))
+    _dequant_chunk(raw_s, sc, o_s, deq_s, st, s0, 0, SW_FP8)
+    _dequant_chunk(raw_s, sc, o_s, deq_s, st, s1, 1, SW_FP8)
+    _dequant_chunk(raw_s, sc, o_s, deq_s, st, s2, 2, SW_FP8)
+    _dequant_chunk(raw_s, sc, o_s, deq_s, st, s3, 3, SW_FP8)
+
+
+@gluon.jit
+def _qk_chunk(q_s, k_t, b_s, s_c, C: gl.constexpr, DOT_A: gl.constexpr, DOT_B: gl.constexpr):
+    """fp8_ds_mla: the scores of latent chunk C (two 64-column dots from zero), times the chunk's scale."""
+    b_c = gl.zeros_like(b_s)
+    b_c = ampere.mma_v2(q_s.slice(C * 128, 64, dim=1).load(DOT_A),
+                        k_t.slice(C * 128, 64, dim=1).permute([1, 0]).load(DOT_B), b_c)
+    b_c = ampere.mma_v2(q_s.slice(C * 128 + 64, 64, dim=1).load(DOT_A),
+                        k_t.slice(C * 128 + 64, 64, dim=1).permute([1, 0]).load(DOT_B), b_c)
+    return b_s + b_c * s_c
 
 
 @gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len"])
@@ -217,7 +240,11 @@ def _sparse_mla_fwd_mma2(
     b_a2 = gl.zeros([BLOCK_H, 128], gl.float32, MMA)
     b_a3 = gl.zeros([BLOCK_H, 128], gl.float32, MMA)
     qk_scale = sm_scale_log2
-    s_run = 1.0  # fp8_ds_mla: the accumulators hold the output / s_run
+    # fp8_ds_mla: accumulator c holds its output columns / s_run_c
+    s_run0 = 1.0
+    s_run1 = 1.0
+    s_run2 = 1.0
+    s_run3 = 1.0
 
     for t in range(0, n_tiles):
         st = t % STAGES
@@ -234,20 +261,22 @@ def _sparse_mla_fwd_mma2(
             _issue(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s,
                    t_nx % STAGES, FMT, HAS_ROPE)
         _ac.commit_group()
+        b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, MMA)
         if FMT == 2:
-            s_t = _tile_scale(sc_s, st)
-            _dequant_tile(raw_s, sc_s, lat_s.index(0), st, s_t, SW_FP8)
+            s0, s1, s2, s3 = _chunk_scales(sc_s, st)
+            _dequant_tile(raw_s, sc_s, lat_s.index(0), st, s0, s1, s2, s3, SW_FP8)
             _barrier()
             k_t = lat_s.index(0)
+            b_s = _qk_chunk(q_s, k_t, b_s, s0, 0, DOT_A, DOT_B)
+            b_s = _qk_chunk(q_s, k_t, b_s, s1, 1, DOT_A, DOT_B)
+            b_s = _qk_chunk(q_s, k_t, b_s, s2, 2, DOT_A, DOT_B)
+            b_s = _qk_chunk(q_s, k_t, b_s, s3, 3, DOT_A, DOT_B)
+            b_s = b_s * b_qmax[:, None]
         else:
             k_t = lat_s.index(st)
-
-        b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, MMA)
-        for c in gl.static_range(LATENT // 64):
-            b_s = ampere.mma_v2(q_s.slice(c * 64, 64, dim=1).load(DOT_A),
-                                k_t.slice(c * 64, 64, dim=1).permute([1, 0]).load(DOT_B), b_s)
-        if FMT == 2:
-            b_s = b_s * (b_qmax * s_t)[:, None]
+            for c in gl.static_range(LATENT // 64):
+                b_s = ampere.mma_v2(q_s.slice(c * 64, 64, dim=1).load(DOT_A),
+                                    k_t.slice(c * 64, 64, dim=1).permute([1, 0]).load(DOT_B), b_s)
         if HAS_ROPE:
             b_s = ampere.mma_v2(qr_s.load(DOT_A), rope_s.index(st).permute([1, 0]).load(DOT_B), b_s)
         m_n = (idx_c >= 0) & (idx_c < num_slots)
@@ -258,20 +287,25 @@ def _sparse_mla_fwd_mma2(
         b_p = gl.exp2(b_s - b_m_use[:, None])
         b_l = b_l * b_alpha + gl.sum(b_p, 1)
         b_m = b_m_new
-        if FMT == 2:
-            b_alpha = b_alpha * (s_run / s_t)  # the accumulators move to the units of this tile's scale
-            s_run = s_t
         b_pa = gl.convert_layout(b_p.to(lt), DOT_A)
-        b_a0 = ampere.mma_v2(b_pa, k_t.slice(0 * 128, 128, dim=1).load(DOT_B), b_a0 * b_alpha[:, None])
-        b_a1 = ampere.mma_v2(b_pa, k_t.slice(1 * 128, 128, dim=1).load(DOT_B), b_a1 * b_alpha[:, None])
-        b_a2 = ampere.mma_v2(b_pa, k_t.slice(2 * 128, 128, dim=1).load(DOT_B), b_a2 * b_alpha[:, None])
-        b_a3 = ampere.mma_v2(b_pa, k_t.slice(3 * 128, 128, dim=1).load(DOT_B), b_a3 * b_alpha[:, None])
+        if FMT == 2:  # each accumulator moves to the units of its chunk's scale in this tile
+            b_a0 = ampere.mma_v2(b_pa, k_t.slice(0 * 128, 128, dim=1).load(DOT_B), b_a0 * (b_alpha * (s_run0 / s0))[:, None])
+            b_a1 = ampere.mma_v2(b_pa, k_t.slice(1 * 128, 128, dim=1).load(DOT_B), b_a1 * (b_alpha * (s_run1 / s1))[:, None])
+            b_a2 = ampere.mma_v2(b_pa, k_t.slice(2 * 128, 128, dim=1).load(DOT_B), b_a2 * (b_alpha * (s_run2 / s2))[:, None])
+            b_a3 = ampere.mma_v2(b_pa, k_t.slice(3 * 128, 128, dim=1).load(DOT_B), b_a3 * (b_alpha * (s_run3 / s3))[:, None])
+            s_run0 = s0
+            s_run1 = s1
+            s_run2 = s2
+            s_run3 = s3
+        else:
+            b_a0 = ampere.mma_v2(b_pa, k_t.slice(0 * 128, 128, dim=1).load(DOT_B), b_a0 * b_alpha[:, None])
+            b_a1 = ampere.mma_v2(b_pa, k_t.slice(1 * 128, 128, dim=1).load(DOT_B), b_a1 * b_alpha[:, None])
+            b_a2 = ampere.mma_v2(b_pa, k_t.slice(2 * 128, 128, dim=1).load(DOT_B), b_a2 * b_alpha[:, None])
+            b_a3 = ampere.mma_v2(b_pa, k_t.slice(3 * 128, 128, dim=1).load(DOT_B), b_a3 * b_alpha[:, None])
     _ac.wait_group(0)  # no copy may outlive the program's shared memory
 
     # Normalise; an empty range (no valid entry) gives 0 and lse -inf.
     b_inv = gl.where(b_l > 0, 1.0 / b_l, 0.0)
-    if FMT == 2:
-        b_inv = b_inv * s_run
     b_lse2 = gl.where(b_l > 0, b_m + gl.log2(b_l), float("-inf"))
     if SPLIT:
         p_o = out_ptr + i_t * stride_o_t + i_s.to(gl.int64) * stride_o_s + o_h[:, None].to(gl.int64) * stride_o_h
@@ -285,10 +319,10 @@ def _sparse_mla_fwd_mma2(
         p_o = out_ptr + i_t * stride_o_t + o_h[:, None].to(gl.int64) * stride_o_h
         gl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
     ty: gl.constexpr = out_ptr.dtype.element_ty
-    gl.store(p_o + (0 * 128 + o_c)[None, :], (b_a0 * b_inv[:, None]).to(ty), mask=m_h[:, None])
-    gl.store(p_o + (1 * 128 + o_c)[None, :], (b_a1 * b_inv[:, None]).to(ty), mask=m_h[:, None])
-    gl.store(p_o + (2 * 128 + o_c)[None, :], (b_a2 * b_inv[:, None]).to(ty), mask=m_h[:, None])
-    gl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * b_inv[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (0 * 128 + o_c)[None, :], (b_a0 * (b_inv * s_run0)[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (1 * 128 + o_c)[None, :], (b_a1 * (b_inv * s_run1)[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (2 * 128 + o_c)[None, :], (b_a2 * (b_inv * s_run2)[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * (b_inv * s_run3)[:, None]).to(ty), mask=m_h[:, None])
 
 
 launch_fwd_mma2 = CachedLauncher(_sparse_mla_fwd_mma2)

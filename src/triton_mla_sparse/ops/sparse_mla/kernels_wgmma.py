@@ -19,8 +19,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as _ac
 from triton.runtime.jit import constexpr_function
 
 from ..._common.launch import CachedLauncher
-from .kernels_mma2 import (LATENT, ROPE, _barrier, _dequant_tile, _gather_layout, _issue, _load_idx,
-                           _tile_scale)
+from .kernels_mma2 import LATENT, ROPE, _barrier, _chunk_scales, _dequant_tile, _gather_layout, _issue, _load_idx
 
 
 @constexpr_function
@@ -28,6 +27,16 @@ def _wg_layout(n):
     """A wgmma accumulator of 64 rows: four warps along the rows, the two warpgroups side by side along ``n``
     columns."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, n // 2, 16])
+
+
+@gluon.jit
+def _qk_chunk(q_s, k_t, b_s, s_c, C: gl.constexpr):
+    """fp8_ds_mla: the scores of latent chunk C (two 64-column dots from zero), times the chunk's scale."""
+    b_c = gl.zeros_like(b_s)
+    b_c = hopper.warpgroup_mma(q_s.slice(C * 128, 64, dim=1), k_t.slice(C * 128, 64, dim=1).permute([1, 0]), b_c)
+    b_c = hopper.warpgroup_mma(q_s.slice(C * 128 + 64, 64, dim=1),
+                               k_t.slice(C * 128 + 64, 64, dim=1).permute([1, 0]), b_c)
+    return b_s + b_c * s_c
 
 
 @constexpr_function
@@ -121,7 +130,11 @@ def _sparse_mla_fwd_wgmma(
     b_a2 = gl.zeros([BLOCK_H, 128], gl.float32, O_L)
     b_a3 = gl.zeros([BLOCK_H, 128], gl.float32, O_L)
     qk_scale = sm_scale_log2
-    s_run = 1.0
+    # fp8_ds_mla: accumulator c holds its output columns / s_run_c (kernels_mma2.py)
+    s_run0 = 1.0
+    s_run1 = 1.0
+    s_run2 = 1.0
+    s_run3 = 1.0
 
     for t in range(0, n_tiles):
         st = t % STAGES
@@ -137,21 +150,24 @@ def _sparse_mla_fwd_wgmma(
             _issue(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s,
                    t_nx % STAGES, FMT, HAS_ROPE)
         _ac.commit_group()
+        b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_L)
         if FMT == 2:
-            s_t = _tile_scale(sc_s, st)
-            _dequant_tile(raw_s, sc_s, lat_s.index(0), st, s_t, SW_FP8)
+            s0, s1, s2, s3 = _chunk_scales(sc_s, st)
+            _dequant_tile(raw_s, sc_s, lat_s.index(0), st, s0, s1, s2, s3, SW_FP8)
             _barrier()
             k_t = lat_s.index(0)
+            hopper.fence_async_shared()  # cp.async and register stores -> the wgmma operand reads
+            b_s = _qk_chunk(q_s, k_t, b_s, s0, 0)
+            b_s = _qk_chunk(q_s, k_t, b_s, s1, 1)
+            b_s = _qk_chunk(q_s, k_t, b_s, s2, 2)
+            b_s = _qk_chunk(q_s, k_t, b_s, s3, 3)
+            b_s = b_s * b_qmax[:, None]
         else:
             k_t = lat_s.index(st)
-        hopper.fence_async_shared()  # cp.async and register stores -> the wgmma operand reads
-
-        b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_L)
-        for c in gl.static_range(LATENT // 64):
-            b_s = hopper.warpgroup_mma(q_s.slice(c * 64, 64, dim=1), k_t.slice(c * 64, 64, dim=1).permute([1, 0]),
-                                       b_s)
-        if FMT == 2:
-            b_s = b_s * (b_qmax * s_t)[:, None]
+            hopper.fence_async_shared()  # cp.async and register stores -> the wgmma operand reads
+            for c in gl.static_range(LATENT // 64):
+                b_s = hopper.warpgroup_mma(q_s.slice(c * 64, 64, dim=1),
+                                           k_t.slice(c * 64, 64, dim=1).permute([1, 0]), b_s)
         if HAS_ROPE:
             b_s = hopper.warpgroup_mma(qr_s, rope_s.index(st).permute([1, 0]), b_s)
         m_n = (idx_c >= 0) & (idx_c < num_slots)
@@ -162,22 +178,27 @@ def _sparse_mla_fwd_wgmma(
         b_p = gl.exp2(b_s - b_m_use[:, None])
         b_l = b_l * b_alpha + gl.sum(b_p, 1)
         b_m = b_m_new
-        if FMT == 2:
-            b_alpha = b_alpha * (s_run / s_t)
-            s_run = s_t
         p_s.store(b_p.to(lt))
         hopper.fence_async_shared()
         _barrier()  # both warpgroups' probabilities in place
-        b_al = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_L))[:, None]
-        b_a0 = hopper.warpgroup_mma(p_s, k_t.slice(0 * 128, 128, dim=1), b_a0 * b_al)
-        b_a1 = hopper.warpgroup_mma(p_s, k_t.slice(1 * 128, 128, dim=1), b_a1 * b_al)
-        b_a2 = hopper.warpgroup_mma(p_s, k_t.slice(2 * 128, 128, dim=1), b_a2 * b_al)
-        b_a3 = hopper.warpgroup_mma(p_s, k_t.slice(3 * 128, 128, dim=1), b_a3 * b_al)
+        b_al = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_L))
+        if FMT == 2:  # each accumulator moves to the units of its chunk's scale in this tile
+            b_a0 = hopper.warpgroup_mma(p_s, k_t.slice(0 * 128, 128, dim=1), b_a0 * (b_al * (s_run0 / s0))[:, None])
+            b_a1 = hopper.warpgroup_mma(p_s, k_t.slice(1 * 128, 128, dim=1), b_a1 * (b_al * (s_run1 / s1))[:, None])
+            b_a2 = hopper.warpgroup_mma(p_s, k_t.slice(2 * 128, 128, dim=1), b_a2 * (b_al * (s_run2 / s2))[:, None])
+            b_a3 = hopper.warpgroup_mma(p_s, k_t.slice(3 * 128, 128, dim=1), b_a3 * (b_al * (s_run3 / s3))[:, None])
+            s_run0 = s0
+            s_run1 = s1
+            s_run2 = s2
+            s_run3 = s3
+        else:
+            b_a0 = hopper.warpgroup_mma(p_s, k_t.slice(0 * 128, 128, dim=1), b_a0 * b_al[:, None])
+            b_a1 = hopper.warpgroup_mma(p_s, k_t.slice(1 * 128, 128, dim=1), b_a1 * b_al[:, None])
+            b_a2 = hopper.warpgroup_mma(p_s, k_t.slice(2 * 128, 128, dim=1), b_a2 * b_al[:, None])
+            b_a3 = hopper.warpgroup_mma(p_s, k_t.slice(3 * 128, 128, dim=1), b_a3 * b_al[:, None])
     _ac.wait_group(0)
 
     b_inv = gl.where(b_l > 0, 1.0 / b_l, 0.0)
-    if FMT == 2:
-        b_inv = b_inv * s_run
     b_lse2 = gl.where(b_l > 0, b_m + gl.log2(b_l), float("-inf"))
     b_inv = gl.convert_layout(b_inv, gl.SliceLayout(1, O_L))
     b_lse2 = gl.convert_layout(b_lse2, gl.SliceLayout(1, O_L))
@@ -192,10 +213,10 @@ def _sparse_mla_fwd_wgmma(
         p_o = out_ptr + i_t * stride_o_t + o_h[:, None].to(gl.int64) * stride_o_h
         gl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
     ty: gl.constexpr = out_ptr.dtype.element_ty
-    gl.store(p_o + (0 * 128 + o_c)[None, :], (b_a0 * b_inv[:, None]).to(ty), mask=m_h[:, None])
-    gl.store(p_o + (1 * 128 + o_c)[None, :], (b_a1 * b_inv[:, None]).to(ty), mask=m_h[:, None])
-    gl.store(p_o + (2 * 128 + o_c)[None, :], (b_a2 * b_inv[:, None]).to(ty), mask=m_h[:, None])
-    gl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * b_inv[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (0 * 128 + o_c)[None, :], (b_a0 * (b_inv * s_run0)[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (1 * 128 + o_c)[None, :], (b_a1 * (b_inv * s_run1)[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (2 * 128 + o_c)[None, :], (b_a2 * (b_inv * s_run2)[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * (b_inv * s_run3)[:, None]).to(ty), mask=m_h[:, None])
 
 
 launch_fwd_wgmma = CachedLauncher(_sparse_mla_fwd_wgmma)
