@@ -18,7 +18,7 @@ from triton_mla_sparse.ops.sparse_mla.configs import gluon_supported
 pytestmark = [*GPU_TIER, gpu_only]
 
 # (family, heads, block_h, block_n, num_warps, stages)
-SHAPES = [("mma2", 8, 16, 32, 4, 2), ("mma2", 16, 16, 32, 4, 3), ("mma2", 16, 16, 32, 4, 4),
+SHAPES = [("mma2", 8, 16, 32, 4, 2), ("mma2", 16, 16, 32, 4, 1), ("mma2", 16, 16, 32, 4, 3), ("mma2", 16, 16, 32, 4, 4),
           ("mma2", 16, 16, 64, 8, 2), ("mma2", 64, 32, 64, 8, 2), ("mma2", 128, 64, 32, 8, 2),
           ("mma2", 128, 16, 32, 4, 2), ("wgmma", 64, 64, 64, 8, 2), ("wgmma", 128, 64, 32, 8, 3),
           ("wgmma", 40, 64, 32, 8, 4), ("wgmma", 16, 64, 64, 8, 2)]

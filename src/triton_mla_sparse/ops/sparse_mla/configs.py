@@ -32,6 +32,7 @@ class Launch:
     num_stages: int
     programs_per_sm: int  # resident programs per multiprocessor (sizes the decode split count)
     prefill_stages: int | None = None  # num_stages of the prefill kernel when it differs from the decode kernel's
+    prefill_block_n: int | None = None  # block_n of the prefill kernel when it differs from the decode kernel's
     f16_dot: bool = False  # fp8_ds_mla: float16 dots on the unscaled e4m3 values (kernels.py's module docstring)
     low_reg: bool = False  # q and the cache chunks loaded where each dot needs them, not held across the step
     family: str = "tl"  # "tl": kernels.py; "mma2" / "wgmma": kernels_mma2.py / kernels_wgmma.py (num_stages = their
@@ -132,20 +133,20 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
 }
 # The Gluon kernels where they were measured faster than the tl kernel on the H200 (benchmarks/NOTES.md, 2026-12-01
 # session 5; decode by graph replay, prefill by do_bench): mma2 (kernels_mma2.py: cp.async gathers STAGES - 1 tiles
-# ahead, mma.sync) for bf16 decode at <= 16 heads (B=64: 0.050 / 0.052 ms vs 0.065 / 0.067) and fp8_ds_mla up to 32
-# heads (decode h16 0.068 vs 0.102, prefill h16 3.37 vs 4.60 ms); wgmma (kernels_wgmma.py: 64-head blocks, two
-# warpgroups) above 32 heads (decode h128 bf16 0.134 vs 0.254, fp8_ds_mla 0.180 vs 0.473; prefill h128 bf16 6.53 vs
-# 13.5). The tl kernel stays the faster bf16 prefill at <= 16 heads (no entry for that kernel here). Elsewhere
-# (sm80, sm86/89/120: unmeasured, no such GPU) the entries fit the shared memory: 16-head blocks of 32-row tiles.
-# Everything else, and every problem under the interpreter, runs the tl kernel of TABLE; ``kernels`` names what an
-# entry serves (the tl entry serves the rest).
+# ahead, mma.sync) at <= 16 heads (bf16 decode B=64 0.052 / 0.054 ms vs 0.065 / 0.067; bf16 prefill with one
+# buffer of 64-row tiles, the other resident program hiding its latency, 1.85 vs 2.17 ms; fp8_ds_mla decode 0.067
+# vs 0.100, prefill 3.47 vs 4.56) and fp8_ds_mla up to 32 heads; wgmma (kernels_wgmma.py: 64-head blocks, two
+# warpgroups) above 32 heads (decode h128 bf16 0.137 vs 0.254, fp8_ds_mla 0.234 vs 0.473; prefill h128 bf16 6.55 vs
+# 13.5). Elsewhere (sm80, sm86/89/120: unmeasured, no such GPU) the entries fit the shared memory: 16-head blocks
+# of 32-row tiles. Everything else, and every problem under the interpreter, runs the tl kernel of TABLE;
+# ``kernels`` names what an entry serves (the tl entry serves the rest).
 _M = functools.partial(Launch, family="mma2")
 _W = functools.partial(Launch, family="wgmma")
 GLUON_CACHE_CLASSES = ("16bit", "fp8_ds_mla")
 GLUON_FAMILIES = ("mma2", "wgmma")
 GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
     "sm90": {
-        (16, "16bit"): _M(16, 32, 4, 2, 1, kernels=("decode",)),
+        (16, "16bit"): _M(16, 32, 4, 2, 1, prefill_stages=1, prefill_block_n=64),
         (16, "fp8_ds_mla"): _M(16, 32, 4, 3, 1, prefill_stages=2),
         (32, "fp8_ds_mla"): _M(32, 64, 8, 2, 1),
         (64, "16bit"): _W(64, 64, 8, 2, 1),
@@ -304,7 +305,8 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
         family = "tl"
     launch = replace(launch, programs_per_sm=overrides.pop("programs_per_sm", launch.programs_per_sm))
     block_h = overrides.pop("block_h", launch.block_h)
-    block_n = overrides.pop("block_n", launch.block_n)
+    block_n = overrides.pop("block_n", launch.prefill_block_n if kernel == "prefill" and launch.prefill_block_n
+                            else launch.block_n)
     if arch is not None and not interpreting() and block_h > MAX_BLOCK_H.get(arch.name, 64):
         raise ValueError(f"block_h: at most {MAX_BLOCK_H[arch.name]} on {arch.name}, got {block_h} (a larger head block "
                          f"does not fit the architecture: tensor memory on sm100/sm110, registers on RDNA)")

@@ -138,8 +138,6 @@ def _sparse_mla_fwd_wgmma(
 
     for t in range(0, n_tiles):
         st = t % STAGES
-        idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N,
-                          gl.SliceLayout(0, S_L))
         _ac.wait_group(STAGES - 2)
         _barrier()  # tile t and q visible; every warp done with tile t - 1 and with the probabilities of t - 1
         t_nx = t + STAGES - 1
@@ -170,6 +168,10 @@ def _sparse_mla_fwd_wgmma(
                                            k_t.slice(c * 64, 64, dim=1).permute([1, 0]), b_s)
         if HAS_ROPE:
             b_s = hopper.warpgroup_mma(qr_s, rope_s.index(st).permute([1, 0]), b_s)
+        # this tile's slot ids in the score layout, for the masks (loaded STAGES - 1 steps ago: a cache hit; loaded
+        # here, not at the top of the step, so they hold no registers across the dots)
+        idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N,
+                          gl.SliceLayout(0, S_L))
         m_n = (idx_c >= 0) & (idx_c < num_slots)
         b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
