@@ -248,6 +248,12 @@ def _sparse_mla_fwd_mma2(
 
     for t in range(0, n_tiles):
         st = t % STAGES
+        if STAGES > 1:
+            # this tile's slot ids in the score layout, for the masks (loaded STAGES - 1 steps ago: a cache hit),
+            # requested before the wait; the one-buffer variant loads them after the dots, where they hold no
+            # registers across them (each placement is the one measured faster for its variant)
+            idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N,
+                              gl.SliceLayout(0, MMA))
         if STAGES == 1:  # one buffer: the other resident programs hide this tile's latency
             _barrier()  # every warp done with tile t - 1
             _issue(kv_ptr, idx_nx, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, 0,
@@ -286,10 +292,9 @@ def _sparse_mla_fwd_mma2(
                                     k_t.slice(c * 64, 64, dim=1).permute([1, 0]).load(DOT_B), b_s)
         if HAS_ROPE:
             b_s = ampere.mma_v2(qr_s.load(DOT_A), rope_s.index(st).permute([1, 0]).load(DOT_B), b_s)
-        # this tile's slot ids in the score layout, for the masks (loaded STAGES - 1 steps ago: a cache hit; loaded
-        # here, not at the top of the step, so they hold no registers across the dots)
-        idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N,
-                          gl.SliceLayout(0, MMA))
+        if STAGES == 1:
+            idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N,
+                              gl.SliceLayout(0, MMA))
         m_n = (idx_c >= 0) & (idx_c < num_slots)
         b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
