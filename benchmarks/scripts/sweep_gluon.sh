@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The sweeps behind the Gluon entries of the launch table (issue 16; results in
+# benchmarks/results/sweep-h200-2026-12-01-gluon.txt, read in benchmarks/NOTES.md): the mma2 and wgmma kernels'
+# tile rows, stages, warps, head blocks and resident programs against the tl kernel and the peers, decode by
+# CUDA-graph replay, prefill by do_bench. On the GPU machine (carry .peers):
+#   OUT=... bash benchmarks/scripts/sweep_gluon.sh small|large|prefill|wgmma|one-buffer
+set -u
+PY="$(command -v python3 || command -v python)"
+OUT="${OUT:-$PWD/.device-out}"
+mkdir -p "$OUT"
+# mma2 BLOCK_H BLOCK_N WARPS STAGES PROGRAMS_PER_SM / wgmma BLOCK_N STAGES (64-head blocks, 8 warps)
+m() { echo "{\"family\": \"mma2\", \"block_h\": $1, \"block_n\": $2, \"num_warps\": $3, \"num_stages\": $4, \"programs_per_sm\": $5}"; }
+w() { echo "{\"family\": \"wgmma\", \"block_h\": 64, \"block_n\": $1, \"num_warps\": 8, \"num_stages\": $2}"; }
+TL='{"family": "tl"}'
+run() { name=$1; shift; timeout "${SWEEP_TIMEOUT:-280}" "$PY" benchmarks/scripts/sweep.py --graph "$@" \
+    --out "$OUT/sweep-$name.json" 2>&1 | tee "$OUT/sweep-$name.txt"; }
+case "${1:-small}" in
+small)  # <= 16 heads, decode
+    run small --cases decode_h8,decode_h16,decode_h16_b256 --configs "[$TL, {\"family\": \"tl\", \"f16_dot\": true}, \
+$(m 16 32 4 2 2), $(m 16 32 4 3 1), $(m 16 32 4 4 1), $(m 16 64 8 2 1), $(m 16 32 4 2 1)]" --splits 3,5,6 ;;
+large)  # 64 and 128 heads, decode, mma2
+    run large --cases decode_h64,decode_h128 --configs "[$TL, $(m 32 64 8 2 1), $(m 64 32 8 2 1), $(m 16 32 4 3 1), \
+$(m 16 64 8 2 1), $(m 32 32 8 3 1), $(m 16 32 4 2 1)]" ;;
+prefill)
+    run prefill --cases prefill_h8,prefill_h16,prefill_h64,prefill_h128 --formats bf16,fp8_ds_mla \
+        --configs "[$TL, $(m 16 32 4 2 1), $(m 16 64 8 2 1), $(m 32 64 8 2 1)]" ;;
+wgmma)  # 64-head blocks
+    run wgmma --cases decode_h64,decode_h128,decode_h128_b256,prefill_h64,prefill_h128 \
+        --configs "[$TL, $(w 64 2), $(w 32 3), $(w 32 4), $(w 32 2)]" ;;
+one-buffer)  # STAGES=1: the other resident programs hide a tile's latency
+    run one-buffer --cases decode_h8,decode_h16,decode_h16_b256,prefill_h8,prefill_h16 --formats bf16,fp8_ds_mla \
+        --configs "[$TL, $(m 16 32 4 2 1), $(m 16 32 4 3 1), $(m 16 32 4 1 4), $(m 16 32 4 1 2), $(m 16 32 4 1 3), \
+$(m 16 64 4 1 2)]" ;;
+*) echo "usage: sweep_gluon.sh small|large|prefill|wgmma|one-buffer" >&2; exit 2 ;;
+esac
