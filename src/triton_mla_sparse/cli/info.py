@@ -14,7 +14,7 @@ from ..formats import D_V, KV_FORMATS
 
 def run_info(arch_name: str | None = None) -> int:
     """Device, architecture family, the launch table entries that apply, and what is unsupported and why."""
-    from ..ops.sparse_mla.configs import CACHE_CLASSES, HEAD_CLASSES, TABLE
+    from ..ops.sparse_mla.configs import CACHE_CLASSES, GLUON_TABLE, HEAD_CLASSES, TABLE, gluon_supported
 
     if arch_name is not None:
         if arch_name not in ARCHS:
@@ -46,14 +46,19 @@ def run_info(arch_name: str | None = None) -> int:
     d_ropes = " or ".join(str(d) for d in sorted(D_ROPES, reverse=True))
     print(f"formats: {', '.join(KV_FORMATS)}; q {q_dtypes}; D_v {D_V}, D_rope {d_ropes}; heads 1..{MAX_HEADS}; "
           f"top-k 1..{MAX_TOPK}; any block size")
-    print("launch table (head class x cache class -> block_h, block_n, warps, stages, programs/SM, variants):")
+    print("launch table (head class x cache class -> kernel family, block_h, block_n, warps, stages, programs/SM, "
+          "variants; a Gluon family where it runs the class, else tl):")
     for hc in HEAD_CLASSES:
         cells = []
         for cc in CACHE_CLASSES:
-            launch = TABLE[arch.name][(hc, cc)]
+            launch = GLUON_TABLE.get(arch.name, {}).get((hc, cc))
+            native = {"16bit": "bf16"}.get(cc, cc)
+            if launch is None or not gluon_supported(launch.family, arch, native):
+                launch = TABLE[arch.name][(hc, cc)]
             stages = f"s{launch.num_stages}" + (f"/prefill s{launch.prefill_stages}" if launch.prefill_stages else "")
+            bn = f"bn{launch.block_n}" + (f"/prefill bn{launch.prefill_block_n}" if launch.prefill_block_n else "")
             flags = "".join(f" +{k}" for k in ("low_reg", "f16_dot") if getattr(launch, k))
-            cells.append(f"{cc}: bh{launch.block_h} bn{launch.block_n} w{launch.num_warps} {stages} "
+            cells.append(f"{cc}: {launch.family} bh{launch.block_h} {bn} w{launch.num_warps} {stages} "
                          f"x{launch.programs_per_sm}{flags}")
         print(f"  H<={hc if hc < 64 else MAX_HEADS:3d}  " + " | ".join(cells))
     print("unsupported here (rejected up front with these reasons):")

@@ -37,7 +37,6 @@ class Launch:
     low_reg: bool = False  # q and the cache chunks loaded where each dot needs them, not held across the step
     family: str = "tl"  # "tl": kernels.py; "mma2" / "wgmma": kernels_mma2.py / kernels_wgmma.py (num_stages = their
     # STAGES: tiles in flight + 1)
-    kernels: tuple[str, ...] = ("decode", "prefill")  # Gluon entries: the kernels they serve (the tl entry the rest)
 
 
 HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
@@ -138,8 +137,7 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
 # vs 0.100, prefill 3.47 vs 4.56) and fp8_ds_mla up to 32 heads; wgmma (kernels_wgmma.py: 64-head blocks, two
 # warpgroups) above 32 heads (decode h128 bf16 0.137 vs 0.254, fp8_ds_mla 0.234 vs 0.473; prefill h128 bf16 6.55 vs
 # 13.5). Elsewhere (sm80, sm86/89/120: unmeasured, no such GPU) the entries fit the shared memory: 16-head blocks
-# of 32-row tiles. Everything else, and every problem under the interpreter, runs the tl kernel of TABLE;
-# ``kernels`` names what an entry serves (the tl entry serves the rest).
+# of 32-row tiles. Everything else, and every problem under the interpreter, runs the tl kernel of TABLE.
 _M = functools.partial(Launch, family="mma2")
 _W = functools.partial(Launch, family="wgmma")
 GLUON_CACHE_CLASSES = ("16bit", "fp8_ds_mla")
@@ -266,7 +264,7 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     each row's list so that the grid fills whole waves. ``overrides`` replace any field (tests and benchmarks use
     them to reach a specific configuration; ``family`` ``"tl"``, ``"mma2"`` or ``"wgmma"`` picks the kernel, whose
     table entry then applies). A Gluon kernel (``GLUON_TABLE``) runs where it has an entry for the problem's classes
-    and kernel and :func:`gluon_supported` holds (``q_dtype``: q's dtype, when known); the tl kernel everywhere else.
+    and :func:`gluon_supported` holds (``q_dtype``: q's dtype, when known); the tl kernel everywhere else.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
@@ -288,7 +286,7 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     else:
         launch = TABLE[arch.name][key]
         sw_fp8 = use_sw_fp8(arch, kv_format)
-    # the kernel is chosen with the tl entry's sizes, then a Gluon entry takes over where it serves that kernel
+    # the kernel is chosen with the tl entry's sizes, then a Gluon entry (if any) takes over
     block_h = overrides.get("block_h", launch.block_h)
     n_hb = -(-H // block_h)
     n_blocks = -(-topk // overrides.get("block_n", launch.block_n))
@@ -296,8 +294,7 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     if kernel == "auto":
         kernel = "prefill" if T * n_hb >= 2 * slots or n_blocks == 1 else "decode"
     entry = GLUON_TABLE.get(arch.name, {}).get(key) if arch is not None else None
-    if family is None and entry is not None and kernel in entry.kernels and gluon_supported(
-            entry.family, arch, kv_format, q_dtype):
+    if family is None and entry is not None and gluon_supported(entry.family, arch, kv_format, q_dtype):
         family, launch = entry.family, entry
     elif family in GLUON_FAMILIES:
         launch = entry if entry is not None and entry.family == family else _GLUON_DEFAULT[family]

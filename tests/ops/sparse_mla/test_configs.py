@@ -1,0 +1,121 @@
+"""The launch table's kernel choice (configs.choose_config): which family serves a problem on which target, read
+against the table data itself (GLUON_TABLE / TABLE), and the family override's checks. CPU only: nothing launches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from triton_mla_sparse.capabilities import ARCHS
+from triton_mla_sparse.ops.sparse_mla import configs
+from triton_mla_sparse.ops.sparse_mla.configs import (GLUON_TABLE, HEAD_CLASSES, TABLE, cache_class, choose_config,
+                                                      gluon_supported, head_class)
+from triton_mla_sparse.ops.sparse_mla.kernels import _rows_16b_aligned
+
+CPU = torch.device("cpu")
+FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
+NATIVE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """choose_config as on a 132-SM GPU (outside the interpreter)."""
+    monkeypatch.setattr(configs, "interpreting", lambda: False)
+    monkeypatch.setattr(configs, "multiprocessor_count", lambda device: 132)
+
+
+def test_gluon_supported(on_gpu):
+    assert not gluon_supported("mma2", None, "bf16")
+    for name, arch in ARCHS.items():
+        cuda80 = arch.backend == "cuda" and int(arch.target) >= 80
+        assert gluon_supported("mma2", arch, "bf16") is cuda80
+        assert gluon_supported("mma2", arch, "fp8_ds_mla") is cuda80
+        assert gluon_supported("mma2", arch, "fp16", torch.float16) is cuda80
+        assert gluon_supported("wgmma", arch, "bf16") is (name == "sm90")
+        assert not gluon_supported("mma2", arch, "fp8_e4m3")  # per-tensor fp8 stays on the tl kernel
+        assert not gluon_supported("mma2", arch, "bf16", torch.float16)  # a cache read in another dtype
+        assert not gluon_supported("tl", arch, "bf16")
+
+
+def test_interpreter_runs_the_tl_kernel():
+    """Gluon kernels cannot run in Triton's interpreter: every choice there is the tl kernel."""
+    if not configs.interpreting():
+        pytest.skip("the interpreter is off")
+    for fmt in FORMATS:
+        for H in (8, 16, 64, 128):
+            assert choose_config(64, H, 2048, CPU, kv_format=fmt, arch=ARCHS["sm90"]).family == "tl"
+    with pytest.raises(ValueError, match="family: the mma2 kernel"):
+        choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["sm90"], family="mma2")
+
+
+@pytest.mark.parametrize("arch_name", [a for a in ARCHS])
+def test_every_choice_follows_the_table(on_gpu, arch_name):
+    """A Gluon entry serves its classes where its family runs the problem; the tl entry serves everything else, and
+    each config carries its entry's sizes (prefill_block_n / prefill_stages only for prefill)."""
+    arch = ARCHS[arch_name]
+    for fmt in FORMATS:
+        for H in (8, 16, 24, 32, 64, 128):
+            for T in (1, 64, 256, 4096):
+                for q_dtype in (None, torch.bfloat16, torch.float16):
+                    cfg = choose_config(T, H, 2048, CPU, kv_format=fmt, arch=arch, q_dtype=q_dtype)
+                    key = (head_class(H), cache_class(fmt))
+                    entry = GLUON_TABLE.get(arch_name, {}).get(key)
+                    gluon = entry is not None and gluon_supported(entry.family, arch, fmt, q_dtype)
+                    want = entry if gluon else TABLE[arch_name][key]
+                    assert cfg.family == (entry.family if gluon else "tl"), (arch_name, fmt, H, T, q_dtype)
+                    block_n = want.prefill_block_n if cfg.kernel == "prefill" and want.prefill_block_n else \
+                        want.block_n
+                    stages = want.prefill_stages if cfg.kernel == "prefill" and want.prefill_stages else \
+                        want.num_stages
+                    assert (cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages) == \
+                        (want.block_h, block_n, want.num_warps, stages), (arch_name, fmt, H, T, cfg)
+                    if q_dtype is not None and fmt in NATIVE and q_dtype != NATIVE[fmt]:
+                        assert cfg.family == "tl"  # the Gluon kernels read 16-bit caches in q's dtype only
+
+
+def test_the_kernel_is_chosen_with_the_tl_entry(on_gpu):
+    """Decode or prefill is decided by the tl entry's sizes whatever family then runs it (a Gluon entry does not
+    move the switch between the two)."""
+    for arch_name in GLUON_TABLE:
+        for hc in HEAD_CLASSES:
+            for fmt in ("bf16", "fp8_ds_mla"):
+                for T in (1, 16, 64, 130, 132, 264, 528, 4096):
+                    gluon = choose_config(T, hc, 2048, CPU, kv_format=fmt, arch=ARCHS[arch_name])
+                    tl = choose_config(T, hc, 2048, CPU, kv_format=fmt, arch=ARCHS[arch_name], family="tl")
+                    assert gluon.kernel == tl.kernel, (arch_name, hc, fmt, T)
+
+
+def test_family_override(on_gpu):
+    sm90, sm86 = ARCHS["sm90"], ARCHS["sm86"]
+    # forcing tl where a Gluon entry exists, and a Gluon family where none does
+    assert choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm90, family="tl").family == "tl"
+    cfg = choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=sm90, family="wgmma")
+    assert (cfg.family, cfg.block_h, cfg.num_warps) == ("wgmma", 64, 8)
+    cfg = choose_config(64, 32, 2048, CPU, kv_format="bf16", arch=sm90, family="mma2", block_n=64, num_stages=3,
+                        num_warps=8, programs_per_sm=2)
+    assert (cfg.family, cfg.block_n, cfg.num_stages, cfg.num_warps, cfg.programs_per_sm) == ("mma2", 64, 3, 8, 2)
+    with pytest.raises(ValueError, match="family: the wgmma kernel needs sm90"):
+        choose_config(64, 64, 2048, CPU, kv_format="bf16", arch=sm86, family="wgmma")
+    with pytest.raises(ValueError, match="family: the mma2 kernel"):
+        choose_config(64, 16, 2048, CPU, kv_format="fp8_e4m3", arch=sm90, family="mma2")
+    with pytest.raises(ValueError, match="family: the mma2 kernel"):
+        choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["gfx942"], family="mma2")
+    with pytest.raises(ValueError, match="family: expected 'tl', 'mma2' or 'wgmma'"):
+        choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm90, family="cuda")
+
+
+def test_describe_names_the_family(on_gpu):
+    cfg = choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["sm90"], family="mma2")
+    assert cfg.describe().startswith("mma2 decode")
+    assert not choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["sm90"],
+                             family="tl").describe().startswith(("mma2", "wgmma"))
+
+
+def test_rows_16b_aligned():
+    """The Gluon kernels copy 16-byte vectors: a cache runs them only when every row starts on a 16-byte boundary."""
+    kv = torch.empty(4, 64, 576, dtype=torch.bfloat16)
+    assert _rows_16b_aligned(kv)
+    assert not _rows_16b_aligned(torch.empty(4, 64, 578, dtype=torch.bfloat16)[..., :576])  # row stride 1156 B
+    assert not _rows_16b_aligned(torch.empty(4 * 64 * 576 + 1, dtype=torch.bfloat16)[1:].view(4, 64, 576))
+    assert _rows_16b_aligned(torch.empty(4, 64, 656, dtype=torch.uint8))
+    assert not _rows_16b_aligned(torch.empty(4, 64, 660, dtype=torch.uint8)[..., :656])
