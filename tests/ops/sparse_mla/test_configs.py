@@ -9,7 +9,7 @@ import torch
 from triton_mla_sparse.capabilities import ARCHS
 from triton_mla_sparse.ops.sparse_mla import configs
 from triton_mla_sparse.ops.sparse_mla.configs import (GLUON_TABLE, HEAD_CLASSES, TABLE, cache_class, choose_config,
-                                                      gluon_supported, head_class)
+                                                      gluon_config_problem, gluon_supported, head_class)
 from triton_mla_sparse.ops.sparse_mla.kernels import _rows_16b_aligned
 
 CPU = torch.device("cpu")
@@ -34,6 +34,7 @@ def test_gluon_supported(on_gpu):
         assert gluon_supported("wgmma", arch, "bf16") is (name == "sm90")
         assert not gluon_supported("mma2", arch, "fp8_e4m3")  # per-tensor fp8 stays on the tl kernel
         assert not gluon_supported("mma2", arch, "bf16", torch.float16)  # a cache read in another dtype
+        assert not gluon_supported("mma2", arch, "fp8_ds_mla", torch.float16)  # the rows' RoPE is bf16
         assert not gluon_supported("tl", arch, "bf16")
 
 
@@ -116,6 +117,40 @@ def test_rows_16b_aligned():
     kv = torch.empty(4, 64, 576, dtype=torch.bfloat16)
     assert _rows_16b_aligned(kv)
     assert not _rows_16b_aligned(torch.empty(4, 64, 578, dtype=torch.bfloat16)[..., :576])  # row stride 1156 B
+    # 1168 B is a multiple of 16 bytes, but 584 elements is not one of 16: Triton would not vectorise the copy
+    assert not _rows_16b_aligned(torch.empty(4, 64, 584, dtype=torch.bfloat16)[..., :576])
     assert not _rows_16b_aligned(torch.empty(4 * 64 * 576 + 1, dtype=torch.bfloat16)[1:].view(4, 64, 576))
     assert _rows_16b_aligned(torch.empty(4, 64, 656, dtype=torch.uint8))
     assert not _rows_16b_aligned(torch.empty(4, 64, 660, dtype=torch.uint8)[..., :656])
+
+
+def test_overrides_a_gluon_kernel_cannot_take(on_gpu):
+    """Overrides meant for the tl kernel on a class the table gives a Gluon kernel run the tl kernel with them; with
+    the family named they are refused by name; no config that reaches a launch has a problem."""
+    sm90 = ARCHS["sm90"]
+    for over in ({"block_h": 32}, {"block_h": 16}, {"num_warps": 4}, {"num_stages": 1}, {"block_n": 128},
+                 {"low_reg": True}, {"f16_dot": True}):
+        cfg = choose_config(64, 128, 2048, CPU, kv_format="bf16", arch=sm90, **over)  # the table: wgmma
+        assert cfg.family == "tl" and all(getattr(cfg, k) == v for k, v in over.items()), over
+        with pytest.raises(ValueError, match=next(iter(over))):
+            choose_config(64, 128, 2048, CPU, kv_format="bf16", arch=sm90, family="wgmma", **over)
+    for over in ({"block_n": 16}, {"num_warps": 8}, {"block_n": 128}, {"low_reg": True}):
+        cfg = choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm90, **over)  # the table: mma2 bn32 w4
+        assert cfg.family == "tl" and all(getattr(cfg, k) == v for k, v in over.items()), over
+    # overrides a Gluon kernel takes keep it
+    cfg = choose_config(64, 128, 2048, CPU, kv_format="bf16", arch=sm90, block_n=32, num_stages=3, num_splits=4)
+    assert (cfg.family, cfg.block_n, cfg.num_stages, cfg.num_splits) == ("wgmma", 32, 3, 4)
+    for arch_name in ARCHS:
+        for fmt in FORMATS:
+            for H in (8, 32, 128):
+                for over in ({}, {"block_h": 16}, {"num_stages": 1}, {"block_n": 64}):
+                    cfg = choose_config(64, H, 2048, CPU, kv_format=fmt, arch=ARCHS[arch_name], **over)
+                    assert gluon_config_problem(cfg) is None, (arch_name, fmt, H, over, cfg)
+
+
+def test_fp16_q_with_fp8_ds_mla_runs_the_tl_kernel(on_gpu):
+    """fp8_ds_mla rows keep a bf16 RoPE part, which the Gluon kernels copy as stored: fp16 q runs the tl kernel."""
+    cfg = choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=ARCHS["sm90"], q_dtype=torch.float16)
+    assert cfg.family == "tl"
+    assert choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=ARCHS["sm90"],
+                         q_dtype=torch.bfloat16).family == "mma2"

@@ -247,10 +247,35 @@ def gluon_supported(family: str, arch: Arch | None, kv_format: str, q_dtype: tor
         return False
     if int(arch.target) < 80 or (family == "wgmma" and arch.name != "sm90"):
         return False
-    if kv_format == "fp8_ds_mla":
-        return True
+    if kv_format == "fp8_ds_mla":  # the rows' bf16 RoPE part is copied as stored and dotted with q's
+        return q_dtype is None or q_dtype == torch.bfloat16
     native = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(kv_format)
     return native is not None and (q_dtype is None or q_dtype == native)
+
+
+def gluon_config_problem(cfg: AttentionConfig) -> str | None:
+    """Why a Gluon config cannot be built as given (``None`` when it can): wgmma runs 64-head blocks on 8 warps with
+    32- or 64-row tiles and at least two stages; mma2 needs the tile rows to cover its warps' mma columns (8 per
+    warp) and takes no tl-only variant."""
+    if cfg.family == "wgmma":
+        if cfg.block_h != 64 or cfg.num_warps != 8:
+            return (f"block_h / num_warps: the wgmma kernel runs block_h 64 on 8 warps, got {cfg.block_h} / "
+                    f"{cfg.num_warps}")
+        if cfg.block_n not in (32, 64):
+            return f"block_n: the wgmma kernel takes 32 or 64, got {cfg.block_n}"
+        if cfg.num_stages < 2:
+            return f"num_stages: the wgmma kernel needs at least 2, got {cfg.num_stages}"
+    elif cfg.family == "mma2":
+        if cfg.block_h not in (16, 32, 64) or cfg.num_warps not in (4, 8):
+            return (f"block_h / num_warps: the mma2 kernel takes block_h 16, 32 or 64 on 4 or 8 warps, got "
+                    f"{cfg.block_h} / {cfg.num_warps}")
+        if cfg.block_n < 8 * cfg.num_warps or cfg.block_n > 64:
+            return f"block_n: the mma2 kernel takes 8 x num_warps ({8 * cfg.num_warps}) to 64, got {cfg.block_n}"
+        if cfg.num_stages < 1:
+            return f"num_stages: at least 1, got {cfg.num_stages}"
+    if cfg.family != "tl" and (cfg.f16_dot or cfg.low_reg):
+        return f"f16_dot / low_reg: variants of the tl kernel, not of {cfg.family}"
+    return None
 
 
 def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str = "auto", *,
@@ -263,8 +288,10 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     chosen when rows × head blocks alone fill two waves of resident programs; otherwise the decode kernel splits
     each row's list so that the grid fills whole waves. ``overrides`` replace any field (tests and benchmarks use
     them to reach a specific configuration; ``family`` ``"tl"``, ``"mma2"`` or ``"wgmma"`` picks the kernel, whose
-    table entry then applies). A Gluon kernel (``GLUON_TABLE``) runs where it has an entry for the problem's classes
-    and :func:`gluon_supported` holds (``q_dtype``: q's dtype, when known); the tl kernel everywhere else.
+    table entry then applies; ``programs_per_sm`` also sizes the split count). A Gluon kernel (``GLUON_TABLE``) runs
+    where it has an entry for the problem's classes and :func:`gluon_supported` holds (``q_dtype``: q's dtype, when
+    known); the tl kernel everywhere else. Overrides that a table-chosen Gluon kernel cannot take
+    (:func:`gluon_config_problem`) give the tl kernel with them; with ``family`` given they raise ``ValueError``.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
@@ -272,14 +299,15 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
         from ...capabilities import arch_for_device
 
         arch = arch_for_device(device)
+    given = dict(overrides)
     family = overrides.pop("family", None)
     if family not in (None, "tl", *GLUON_FAMILIES):
         raise ValueError(f"family: expected 'tl', 'mma2' or 'wgmma', got {family!r}")
     key = (head_class(H), cache_class(kv_format))
     if family in GLUON_FAMILIES and not gluon_supported(family, arch, kv_format, q_dtype):
-        raise ValueError(f"family: the {family} kernel needs {'sm90' if family == 'wgmma' else 'an NVIDIA GPU from sm80 on'}"
-                         f" and a bf16/fp16 cache read as stored or fp8_ds_mla; got "
-                         f"{arch.name if arch else 'no GPU'}, {kv_format}, q {q_dtype}")
+        where = "sm90" if family == "wgmma" else "an NVIDIA GPU from sm80 on"
+        raise ValueError(f"family: the {family} kernel needs {where} and a bf16/fp16 cache read as stored or "
+                         f"fp8_ds_mla with bf16 q; got {arch.name if arch else 'no GPU'}, {kv_format}, q {q_dtype}")
     if arch is None or interpreting():
         launch = replace(_INTERPRETER, block_h=min(64, max(16, _next_pow2(H))))
         sw_fp8 = False
@@ -323,4 +351,12 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
                           sw_fp8=sw_fp8, programs_per_sm=launch.programs_per_sm,
                           f16_dot=launch.f16_dot and cache_class(kv_format) == "fp8_ds_mla", low_reg=launch.low_reg,
                           family=family)
-    return replace(cfg, **overrides) if overrides else cfg
+    cfg = replace(cfg, **overrides) if overrides else cfg
+    problem = gluon_config_problem(cfg)
+    if problem is not None:
+        if "family" in given:
+            raise ValueError(problem)
+        # overrides meant for the tl kernel (or its variants) on a class the table gives a Gluon kernel
+        return choose_config(T, H, topk, device, kernel, kv_format=kv_format, arch=arch, q_dtype=q_dtype,
+                             **dict(given, family="tl"))
+    return cfg

@@ -432,9 +432,21 @@ _FMT_CODES = {"bf16": FMT_NATIVE, "fp16": FMT_NATIVE, "fp8_e4m3": FMT_FP8, "fp8_
 
 
 def _rows_16b_aligned(kv: torch.Tensor) -> bool:
-    """Every cache row starts on a 16-byte boundary (the pointer and both row strides in bytes)."""
-    e = kv.element_size()
-    return kv.data_ptr() % 16 == 0 and (kv.stride(0) * e) % 16 == 0 and (kv.stride(1) * e) % 16 == 0
+    """The cache's rows can be copied in 16-byte vectors: a 16-byte aligned pointer and both row strides multiples
+    of 16 elements (what Triton specialises on; a stride of 16 bytes but fewer elements compiles to no copy)."""
+    return kv.data_ptr() % 16 == 0 and kv.stride(0) % 16 == 0 and kv.stride(1) % 16 == 0
+
+
+def _gluon_reads(kv: torch.Tensor, fmt: int, convert: bool, q_dtype: torch.dtype) -> bool:
+    """The Gluon kernels read this cache: rows copyable in 16-byte vectors, bf16/fp16 rows in q's dtype or
+    fp8_ds_mla rows with bf16 q (their RoPE part is bf16, dotted as stored)."""
+    import torch
+
+    if not _rows_16b_aligned(kv):
+        return False
+    if fmt == FMT_FP8_DS_MLA:
+        return q_dtype == torch.bfloat16
+    return fmt == FMT_NATIVE and not convert
 
 
 def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tensor,
@@ -478,17 +490,14 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
     )
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     launch = _launch_fwd
-    if cfg.family != "tl" and not _rows_16b_aligned(kv):
-        cfg = replace(cfg, family="tl")  # cp.async copies 16-byte vectors; any other cache runs the tl kernel
+    if cfg.family != "tl" and not _gluon_reads(kv, fmt, convert, q_nope.dtype):
+        cfg = replace(cfg, family="tl")  # what the Gluon kernels cannot read runs the tl kernel, with cfg's sizes
     if cfg.family != "tl":
         if cfg.family == "wgmma":
             from .kernels_wgmma import launch_fwd_wgmma as launch
         else:
             from .kernels_mma2 import launch_fwd_mma2 as launch
 
-        if fmt not in (FMT_NATIVE, FMT_FP8_DS_MLA) or convert:
-            raise ValueError(f"family: the {cfg.family} kernel reads bf16/fp16 caches in q's dtype and fp8_ds_mla, "
-                             f"got {p.kv_format} with q {q_nope.dtype}")
         common = dict(FMT=fmt, HAS_ROPE=has_rope, HAS_TOPK_LEN=p.topk_length is not None,
                       HAS_SINK=p.attn_sink is not None, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                       STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8)

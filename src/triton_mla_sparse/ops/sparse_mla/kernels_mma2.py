@@ -305,10 +305,14 @@ def _sparse_mla_fwd_mma2(
         b_m = b_m_new
         b_pa = gl.convert_layout(b_p.to(lt), DOT_A)
         if FMT == 2:  # each accumulator moves to the units of its chunk's scale in this tile
-            b_a0 = ampere.mma_v2(b_pa, k_t.slice(0 * 128, 128, dim=1).load(DOT_B), b_a0 * (b_alpha * (s_run0 / s0))[:, None])
-            b_a1 = ampere.mma_v2(b_pa, k_t.slice(1 * 128, 128, dim=1).load(DOT_B), b_a1 * (b_alpha * (s_run1 / s1))[:, None])
-            b_a2 = ampere.mma_v2(b_pa, k_t.slice(2 * 128, 128, dim=1).load(DOT_B), b_a2 * (b_alpha * (s_run2 / s2))[:, None])
-            b_a3 = ampere.mma_v2(b_pa, k_t.slice(3 * 128, 128, dim=1).load(DOT_B), b_a3 * (b_alpha * (s_run3 / s3))[:, None])
+            b_a0 = ampere.mma_v2(b_pa, k_t.slice(0 * 128, 128, dim=1).load(DOT_B),
+                                 b_a0 * (b_alpha * (s_run0 / s0))[:, None])
+            b_a1 = ampere.mma_v2(b_pa, k_t.slice(1 * 128, 128, dim=1).load(DOT_B),
+                                 b_a1 * (b_alpha * (s_run1 / s1))[:, None])
+            b_a2 = ampere.mma_v2(b_pa, k_t.slice(2 * 128, 128, dim=1).load(DOT_B),
+                                 b_a2 * (b_alpha * (s_run2 / s2))[:, None])
+            b_a3 = ampere.mma_v2(b_pa, k_t.slice(3 * 128, 128, dim=1).load(DOT_B),
+                                 b_a3 * (b_alpha * (s_run3 / s3))[:, None])
             s_run0 = s0
             s_run1 = s1
             s_run2 = s2
