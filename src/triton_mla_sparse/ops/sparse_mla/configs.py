@@ -2,8 +2,10 @@
 
 No autotuning at call time (it would re-benchmark inside a CUDA-graph capture): every choice is a pure function
 of the architecture family, the problem's shape and the device's multiprocessor count. :data:`TABLE` holds one
-entry per (architecture, head class, cache class); the compile-matrix test builds every entry for its target and
-checks shared memory against the architecture's budget and (NVIDIA) that ptxas reports no spills.
+entry per (architecture, head class, cache class) for the tl kernel (kernels.py), :data:`GLUON_TABLE` the entries
+where a Gluon kernel (kernels_mma2.py, kernels_wgmma.py) runs instead; the compile-matrix test builds every entry
+choose_config can pick for its target and checks shared memory against the architecture's budget and (NVIDIA) that
+ptxas reports no spills.
 """
 
 from __future__ import annotations

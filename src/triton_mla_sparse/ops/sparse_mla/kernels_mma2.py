@@ -13,14 +13,16 @@ written out instead of left to Triton's pipeliner (which waits for every gather 
 * the scores are split over the warps along the tile's rows and the output over the warps along its columns, so no
   warp repeats another's work (Triton gives a 32-head block's scores to every warp);
 * fp8_ds_mla: the raw 656-byte rows (e4m3 latent, float32 tile scales, bf16 RoPE) are gathered as bytes and
-  dequantised once per tile from shared memory into a 16-bit tile that both dots read.
+  dequantised once per tile from shared memory into a float16 tile that both dots read, each 128-column chunk
+  divided by its largest scale in the tile (applied back to that chunk's scores and output);
+* ``STAGES = 1``: one buffer, the tile's copies issued at the top of its step and waited for at once (the other
+  programs resident on the SM hide the latency).
 
-Every layout is derived from ``num_warps``; the launch table decides where this kernel runs (``kernel_family``).
+Every layout is derived from ``num_warps``; the launch table decides where this kernel runs (``family``).
 """
 
 from __future__ import annotations
 
-import triton
 from triton.experimental import gluon
 from triton.runtime.jit import constexpr_function
 from triton.experimental.gluon import language as gl
@@ -348,13 +350,4 @@ def _sparse_mla_fwd_mma2(
 launch_fwd_mma2 = CachedLauncher(_sparse_mla_fwd_mma2)
 
 
-def shared_bytes(block_h: int, block_n: int, stages: int, fp8_ds_mla: bool, elem: int = 2) -> int:
-    """Shared memory of one program (q, the staged tiles and, for fp8_ds_mla, the dequantised tile)."""
-    q = block_h * (LATENT + ROPE) * elem
-    rope = stages * block_n * ROPE * elem
-    if fp8_ds_mla:
-        return q + rope + stages * block_n * (LATENT + 16) + block_n * LATENT * elem
-    return q + rope + stages * block_n * LATENT * elem
-
-
-__all__ = ["launch_fwd_mma2", "shared_bytes", "triton"]
+__all__ = ["launch_fwd_mma2"]
