@@ -3,7 +3,7 @@
 # benchmarks/results/sweep-h200-2026-12-01-gluon.txt, read in benchmarks/NOTES.md): the mma2 and wgmma kernels'
 # tile rows, stages, warps, head blocks and resident programs against the tl kernel and the peers, decode by
 # CUDA-graph replay, prefill by do_bench. On the GPU machine (carry .peers):
-#   OUT=... bash benchmarks/scripts/sweep_gluon.sh small|large|prefill|wgmma|one-buffer
+#   OUT=... bash benchmarks/scripts/sweep_gluon.sh small|large|prefill|wgmma|one-buffer|fp8
 set -u
 PY="$(command -v python3 || command -v python)"
 OUT="${OUT:-$PWD/.device-out}"
@@ -31,5 +31,10 @@ one-buffer)  # STAGES=1: the other resident programs hide a tile's latency
     run one-buffer --cases decode_h8,decode_h16,decode_h16_b256,prefill_h8,prefill_h16 --formats bf16,fp8_ds_mla \
         --configs "[$TL, $(m 16 32 4 2 1), $(m 16 32 4 3 1), $(m 16 32 4 1 4), $(m 16 32 4 1 2), $(m 16 32 4 1 3), \
 $(m 16 64 4 1 2)]" ;;
-*) echo "usage: sweep_gluon.sh small|large|prefill|wgmma|one-buffer" >&2; exit 2 ;;
+fp8)  # fp8_ds_mla: float16 tiles in units of each chunk's scale (f16_dot, the table's) against bf16 exact tiles
+    x() { echo "$1" | sed "s/}\$/, \"f16_dot\": $2}/"; }
+    run fp8 --cases decode_h8,decode_h16,decode_h64,decode_h128,prefill_h16,prefill_h128 --formats fp8_ds_mla \
+        --configs "[$TL, $(x "$(m 16 32 4 3 1)" true), $(x "$(m 16 32 4 3 1)" false), $(x "$(m 16 32 4 2 1)" false), \
+$(x "$(w 32 3)" true), $(x "$(w 32 3)" false), $(x "$(w 64 2)" false)]" ;;
+*) echo "usage: sweep_gluon.sh small|large|prefill|wgmma|one-buffer|fp8" >&2; exit 2 ;;
 esac

@@ -62,11 +62,16 @@ def _poisoned(pool, fmt: str, idx: torch.Tensor):
     return c, cache
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp8_ds_mla_pow2", "fp8_ds_mla_fp32"])
+# fp8_ds_mla both ways: float16 tiles in units of each chunk's scale (f16_dot, the table's) and bf16 exact tiles
+FORMATS = [("bf16", False), ("fp16", False), ("fp8_ds_mla_pow2", True), ("fp8_ds_mla_fp32", True),
+           ("fp8_ds_mla_pow2", False), ("fp8_ds_mla_fp32", False)]
+
+
+@pytest.mark.parametrize("fmt,f16_dot", FORMATS)
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
 @pytest.mark.parametrize("family,heads,block_h,block_n,num_warps,stages", SHAPES)
-def test_gluon_poisoned_cache_garbage_indices_lengths_sinks(pool, gluon_launches, fmt, kernel, family, heads, block_h,
-                                                            block_n, num_warps, stages):
+def test_gluon_poisoned_cache_garbage_indices_lengths_sinks(pool, gluon_launches, fmt, f16_dot, kernel, family, heads,
+                                                            block_h, block_n, num_warps, stages):
     _skip_unless_supported(fmt, family)
     torch.manual_seed(heads * 131 + block_n * 7 + stages)
     T = ROWS[64]
@@ -81,9 +86,9 @@ def test_gluon_poisoned_cache_garbage_indices_lengths_sinks(pool, gluon_launches
     _, lse, cfg = sparse_mla_attention_with_config(
         q, cache, idx, SCALE, kv_format=c.kv_format, out=out, return_lse=True, kernel=kernel, return_config=True,
         topk_length=tl, attn_sink=sink, family=family, block_h=block_h, block_n=block_n, num_warps=num_warps,
-        num_stages=stages)
-    assert (cfg.family, cfg.kernel, cfg.block_h, cfg.block_n, cfg.num_stages) == (family, kernel, block_h, block_n,
-                                                                                   stages)
+        num_stages=stages, f16_dot=f16_dot)
+    assert (cfg.family, cfg.kernel, cfg.block_h, cfg.block_n, cfg.num_stages, cfg.f16_dot) == (
+        family, kernel, block_h, block_n, stages, f16_dot)
     assert gluon_launches[family] == 1 and sum(gluon_launches.values()) == 1
     check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format, topk_length=tl, attn_sink=sink,
                             all_rows=True)
@@ -163,14 +168,18 @@ def test_fp16_q_with_fp8_ds_mla_runs_the_tl_kernel(pool, gluon_launches):
     check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known limit (benchmarks/NOTES.md, session 5): the Gluon fp8_ds_mla path keeps each output "
-                          "chunk in units of the latest tile's chunk scale; tiles whose scales are more than ~2^108 "
-                          "apart overflow the change of units")
+_UNITS_LIMIT = pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="known limit (benchmarks/NOTES.md, session 5): with f16_dot the Gluon fp8_ds_mla path keeps each output "
+           "chunk in units of the latest tile's chunk scale; tiles whose scales are more than ~2^108 apart overflow "
+           "the change of units")
+
+
+@pytest.mark.parametrize("f16_dot", [pytest.param(True, marks=_UNITS_LIMIT), False])
 @pytest.mark.parametrize("family,heads", [("mma2", 16), ("wgmma", 64)])
-def test_gluon_fp8_scales_far_apart_across_tiles(family, heads):
+def test_gluon_fp8_scales_far_apart_across_tiles(family, heads, f16_dot):
     """fp8_ds_mla rows whose scales differ by 2^200 between the tiles of one list (the tl kernel and the reference
-    hold them: bf16 / float32 have the range)."""
+    hold them: bf16 / float32 have the range; so do the Gluon kernels' exact bf16 tiles, f16_dot off)."""
     _skip_unless_supported("fp8_ds_mla", family)
     from triton_mla_sparse import reference
     from triton_mla_sparse.testing import encode_cache
@@ -188,7 +197,7 @@ def test_gluon_fp8_scales_far_apart_across_tiles(family, heads):
     q = torch.randn(T, heads, 576, device=DEV).to(torch.bfloat16)
     scale = 576 ** -0.5 / 2.0 ** 100
     out, lse = sparse_mla_attention_with_config(q, cache, idx, scale, kv_format="fp8_ds_mla", return_lse=True,
-                                                family=family, kernel="prefill")
+                                                family=family, kernel="prefill", f16_dot=f16_dot)
     ref = reference.sparse_mla_attention(q, cache, idx, scale, kv_format="fp8_ds_mla", compute_dtype=torch.float32,
                                          out_dtype=torch.float32)
     assert torch.isfinite(out).all()

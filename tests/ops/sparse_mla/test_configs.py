@@ -129,7 +129,7 @@ def test_overrides_a_gluon_kernel_cannot_take(on_gpu):
     the family named they are refused by name; no config that reaches a launch has a problem."""
     sm90 = ARCHS["sm90"]
     for over in ({"block_h": 32}, {"block_h": 16}, {"num_warps": 4}, {"num_stages": 1}, {"block_n": 128},
-                 {"low_reg": True}, {"f16_dot": True}):
+                 {"low_reg": True}):
         cfg = choose_config(64, 128, 2048, CPU, kv_format="bf16", arch=sm90, **over)  # the table: wgmma
         assert cfg.family == "tl" and all(getattr(cfg, k) == v for k, v in over.items()), over
         with pytest.raises(ValueError, match=next(iter(over))):
@@ -154,3 +154,15 @@ def test_fp16_q_with_fp8_ds_mla_runs_the_tl_kernel(on_gpu):
     assert cfg.family == "tl"
     assert choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=ARCHS["sm90"],
                          q_dtype=torch.bfloat16).family == "mma2"
+
+
+def test_gluon_fp8_entries_run_the_measured_float16_path(on_gpu):
+    """Every Gluon fp8_ds_mla entry has f16_dot (the path measured on the H200); f16_dot=False (bf16 tiles of exact
+    values) is reachable by override and keeps the Gluon kernel."""
+    for arch_name, entries in GLUON_TABLE.items():
+        for (hc, cc), launch in entries.items():
+            assert launch.f16_dot is (cc == "fp8_ds_mla"), (arch_name, hc, cc)
+    cfg = choose_config(64, 128, 2048, CPU, kv_format="fp8_ds_mla", arch=ARCHS["sm90"])
+    assert (cfg.family, cfg.f16_dot) == ("wgmma", True)
+    cfg = choose_config(64, 128, 2048, CPU, kv_format="fp8_ds_mla", arch=ARCHS["sm90"], f16_dot=False)
+    assert (cfg.family, cfg.f16_dot) == ("wgmma", False)

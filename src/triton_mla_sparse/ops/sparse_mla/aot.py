@@ -53,7 +53,8 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
             from .kernels_mma2 import _sparse_mla_fwd_mma2 as fn
 
         const = dict(FMT=fmt, HAS_ROPE=has_rope, HAS_TOPK_LEN=True, HAS_SINK=True, SPLIT=split, BLOCK_H=cfg.block_h,
-                     BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8)
+                     BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8,
+                     F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA)
         return compile_kernel(fn, sig, const, list(_PTR_TYPES) + sorted(_DIV16), arch, cfg.num_warps, 1,
                               ones=("stride_idx_k",))
     const = dict(FMT=fmt, CONVERT=fmt == K.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,

@@ -35,7 +35,9 @@ class Launch:
     programs_per_sm: int  # resident programs per multiprocessor (sizes the decode split count)
     prefill_stages: int | None = None  # num_stages of the prefill kernel when it differs from the decode kernel's
     prefill_block_n: int | None = None  # block_n of the prefill kernel when it differs from the decode kernel's
-    f16_dot: bool = False  # fp8_ds_mla: float16 dots on the unscaled e4m3 values (kernels.py's module docstring)
+    # fp8_ds_mla: float16 dots with the tile scales outside the dots (tl: kernels.py's module docstring; Gluon: values
+    # over each chunk's tile scale, kernels_mma2.py); off, Gluon kernels dot bf16 tiles of exact values
+    f16_dot: bool = False
     low_reg: bool = False  # q and the cache chunks loaded where each dot needs them, not held across the step
     family: str = "tl"  # "tl": kernels.py; "mma2" / "wgmma": kernels_mma2.py / kernels_wgmma.py (num_stages = their
     # STAGES: tiles in flight + 1)
@@ -147,20 +149,23 @@ GLUON_FAMILIES = ("mma2", "wgmma")
 GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
     "sm90": {
         (16, "16bit"): _M(16, 32, 4, 2, 1, prefill_stages=1, prefill_block_n=64),
-        (16, "fp8_ds_mla"): _M(16, 32, 4, 3, 1, prefill_stages=2),
-        (32, "fp8_ds_mla"): _M(32, 64, 8, 2, 1),
+        (16, "fp8_ds_mla"): _M(16, 32, 4, 3, 1, prefill_stages=2, f16_dot=True),
+        (32, "fp8_ds_mla"): _M(32, 64, 8, 2, 1, f16_dot=True),
         (64, "16bit"): _W(64, 64, 8, 2, 1),
-        (64, "fp8_ds_mla"): _W(64, 32, 8, 3, 1),  # 64-row tiles: 255 registers + 16 B of stack (triton 3.9)
+        # 64-row tiles with f16_dot: 255 registers + 152 B of stack (triton 3.6)
+        (64, "fp8_ds_mla"): _W(64, 32, 8, 3, 1, f16_dot=True),
     },
     # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB)
-    "sm80": {(hc, cc): _M(16, 32, 4, 3, 1) for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES},
+    "sm80": {(hc, cc): _M(16, 32, 4, 3, 1, f16_dot=cc == "fp8_ds_mla") for hc in HEAD_CLASSES
+             for cc in GLUON_CACHE_CLASSES},
     # ~99 KB (sm86, sm89, sm120): two stages (93 KB)
-    "sm86": {(hc, cc): _M(16, 32, 4, 2, 1) for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES},
+    "sm86": {(hc, cc): _M(16, 32, 4, 2, 1, f16_dot=cc == "fp8_ds_mla") for hc in HEAD_CLASSES
+             for cc in GLUON_CACHE_CLASSES},
 }
 GLUON_TABLE["sm89"] = GLUON_TABLE["sm86"]
 GLUON_TABLE["sm120"] = GLUON_TABLE["sm86"]
 # what a forced family runs where the table has no entry of it
-_GLUON_DEFAULT = {"mma2": _M(16, 32, 4, 2, 1), "wgmma": _W(64, 64, 8, 2, 1)}
+_GLUON_DEFAULT = {"mma2": _M(16, 32, 4, 2, 1, f16_dot=True), "wgmma": _W(64, 64, 8, 2, 1, f16_dot=True)}
 
 # Head blocks a target cannot build: on sm100/sm110 a 64-head block's accumulators need 576 of the 512 tensor-memory
 # columns (triton 3.9 compiles it to a bare trap, 3.6 asks 451 KB of shared memory); on RDNA it spills registers.
@@ -275,8 +280,8 @@ def gluon_config_problem(cfg: AttentionConfig) -> str | None:
             return f"block_n: the mma2 kernel takes 8 x num_warps ({8 * cfg.num_warps}) to 64, got {cfg.block_n}"
         if cfg.num_stages < 1:
             return f"num_stages: at least 1, got {cfg.num_stages}"
-    if cfg.family != "tl" and (cfg.f16_dot or cfg.low_reg):
-        return f"f16_dot / low_reg: variants of the tl kernel, not of {cfg.family}"
+    if cfg.family != "tl" and cfg.low_reg:
+        return f"low_reg: a variant of the tl kernel, not of {cfg.family}"
     return None
 
 

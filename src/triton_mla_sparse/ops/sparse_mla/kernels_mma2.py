@@ -29,6 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import ampere
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as _ac
 
+from ..._common.fp8 import e4m3_to_f32 as _e4m3_to_f32
 from ..._common.launch import CachedLauncher
 from .kernels import _e4m3_to_f16
 
@@ -144,6 +145,20 @@ def _dequant_tile(raw_s, sc_s, deq_s, st, s0, s1, s2, s3, SW_FP8: gl.constexpr):
 
 
 @gluon.jit
+def _dequant_tile_exact(raw_s, sc_s, deq_s, st, SW_FP8: gl.constexpr):
+    """fp8_ds_mla without F16_DOT: e4m3 bytes x their row's tile scale -> the tile ``deq_s`` in q's 16-bit dtype
+    (bf16 holds float32's range, as in the tl kernel: no unit to track, any scales)."""
+    L8: gl.constexpr = _gather_layout(16, gl.num_warps())
+    LQ: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])  # rows as the gather's
+    sc = sc_s.index(st).load(LQ)
+    o_s = gl.arange(0, 4, gl.SliceLayout(0, LQ))
+    for c in gl.static_range(LATENT // 128):
+        sc_c = gl.convert_layout(gl.sum(gl.where(o_s[None, :] == c, sc, 0.0), 1), gl.SliceLayout(1, L8))
+        raw = raw_s.index(st).slice(c * 128, 128, dim=1).load(L8)
+        deq_s.slice(c * 128, 128, dim=1).store((_e4m3_to_f32(raw, SW_FP8) * sc_c[:, None]).to(deq_s.dtype))
+
+
+@gluon.jit
 def _qk_chunk(q_s, k_t, b_s, s_c, C: gl.constexpr, DOT_A: gl.constexpr, DOT_B: gl.constexpr):
     """fp8_ds_mla: the scores of latent chunk C (two 64-column dots from zero), times the chunk's scale."""
     b_c = gl.zeros_like(b_s)
@@ -166,7 +181,7 @@ def _sparse_mla_fwd_mma2(
     sm_scale_log2, k_scale,
     FMT: gl.constexpr, HAS_ROPE: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
     SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    SW_FP8: gl.constexpr,
+    SW_FP8: gl.constexpr, F16_DOT: gl.constexpr,
 ):
     i_ts = gl.program_id(0)
     i_hb = gl.program_id(1)
@@ -181,8 +196,10 @@ def _sparse_mla_fwd_mma2(
     ROW: gl.constexpr = gl.SliceLayout(1, G16)
     SH16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
-    # fp8_ds_mla runs its latent dots in float16 (the tile as _dequant_tile leaves it, q over a power of two)
-    lt: gl.constexpr = gl.float16 if FMT == 2 else dt
+    # fp8_ds_mla with F16_DOT runs its latent dots in float16 (the tile as _dequant_tile leaves it, q over a power of
+    # two, each chunk's output in units of its tile scale); without, on tiles of exact values in q's dtype
+    UNITS: gl.constexpr = F16_DOT if FMT == 2 else False
+    lt: gl.constexpr = gl.float16 if UNITS else dt
     q_s = gl.allocate_shared_memory(lt, [BLOCK_H, LATENT], SH16)
     qr_s = gl.allocate_shared_memory(dt, [BLOCK_H, ROPE], SH16)
     rope_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, ROPE], SH16)
@@ -200,7 +217,7 @@ def _sparse_mla_fwd_mma2(
     o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, ROW)
     p_q = q_nope_ptr + i_t * stride_qn_t + o_hq.to(gl.int64)[:, None] * stride_qn_h
     b_q = gl.load(p_q + gl.arange(0, LATENT, gl.SliceLayout(0, G16))[None, :], mask=(o_hq < H)[:, None], other=0.0)
-    if FMT == 2:
+    if UNITS:
         # a power of two >= each head's largest |q|: q / b_qmax is exact in float16, the scores are scaled back
         b_qmax = gl.max(gl.abs(b_q.to(gl.float32)), 1)
         b_qmax = gl.where(b_qmax > 0, gl.exp2(gl.minimum(gl.ceil(gl.log2(b_qmax)), 127.0)), 1.0)
@@ -277,7 +294,7 @@ def _sparse_mla_fwd_mma2(
                        t_nx % STAGES, FMT, HAS_ROPE)
             _ac.commit_group()
         b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, MMA)
-        if FMT == 2:
+        if UNITS:
             s0, s1, s2, s3 = _chunk_scales(sc_s, st)
             _dequant_tile(raw_s, sc_s, lat_s.index(0), st, s0, s1, s2, s3, SW_FP8)
             _barrier()
@@ -288,7 +305,12 @@ def _sparse_mla_fwd_mma2(
             b_s = _qk_chunk(q_s, k_t, b_s, s3, 3, DOT_A, DOT_B)
             b_s = b_s * b_qmax[:, None]
         else:
-            k_t = lat_s.index(st)
+            if FMT == 2:
+                _dequant_tile_exact(raw_s, sc_s, lat_s.index(0), st, SW_FP8)
+                _barrier()
+                k_t = lat_s.index(0)
+            else:
+                k_t = lat_s.index(st)
             for c in gl.static_range(LATENT // 64):
                 b_s = ampere.mma_v2(q_s.slice(c * 64, 64, dim=1).load(DOT_A),
                                     k_t.slice(c * 64, 64, dim=1).permute([1, 0]).load(DOT_B), b_s)
@@ -306,7 +328,7 @@ def _sparse_mla_fwd_mma2(
         b_l = b_l * b_alpha + gl.sum(b_p, 1)
         b_m = b_m_new
         b_pa = gl.convert_layout(b_p.to(lt), DOT_A)
-        if FMT == 2:  # each accumulator moves to the units of its chunk's scale in this tile
+        if UNITS:  # each accumulator moves to the units of its chunk's scale in this tile
             b_a0 = ampere.mma_v2(b_pa, k_t.slice(0 * 128, 128, dim=1).load(DOT_B),
                                  b_a0 * (b_alpha * (s_run0 / s0))[:, None])
             b_a1 = ampere.mma_v2(b_pa, k_t.slice(1 * 128, 128, dim=1).load(DOT_B),

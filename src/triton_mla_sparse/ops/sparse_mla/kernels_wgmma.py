@@ -19,7 +19,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as _ac
 from triton.runtime.jit import constexpr_function
 
 from ..._common.launch import CachedLauncher
-from .kernels_mma2 import LATENT, ROPE, _barrier, _chunk_scales, _dequant_tile, _gather_layout, _issue, _load_idx
+from .kernels_mma2 import (LATENT, ROPE, _barrier, _chunk_scales, _dequant_tile, _dequant_tile_exact, _gather_layout,
+                           _issue, _load_idx)
 
 
 @constexpr_function
@@ -57,7 +58,7 @@ def _sparse_mla_fwd_wgmma(
     sm_scale_log2, k_scale,
     FMT: gl.constexpr, HAS_ROPE: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
     SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    SW_FP8: gl.constexpr,
+    SW_FP8: gl.constexpr, F16_DOT: gl.constexpr,
 ):
     gl.static_assert(BLOCK_H == 64, "the wgmma kernel runs 64-head blocks")
     gl.static_assert(gl.num_warps() == 8, "the wgmma kernel runs two warpgroups")
@@ -66,7 +67,8 @@ def _sparse_mla_fwd_wgmma(
     i_t = (i_ts // num_splits).to(gl.int64)
     i_s = i_ts % num_splits
     dt: gl.constexpr = q_nope_ptr.dtype.element_ty
-    lt: gl.constexpr = gl.float16 if FMT == 2 else dt
+    UNITS: gl.constexpr = F16_DOT if FMT == 2 else False  # as in kernels_mma2.py
+    lt: gl.constexpr = gl.float16 if UNITS else dt
 
     S_L: gl.constexpr = _wg_layout(BLOCK_N)
     O_L: gl.constexpr = _wg_layout(128)
@@ -91,7 +93,7 @@ def _sparse_mla_fwd_wgmma(
     o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, ROW)
     p_q = q_nope_ptr + i_t * stride_qn_t + o_hq.to(gl.int64)[:, None] * stride_qn_h
     b_q = gl.load(p_q + gl.arange(0, LATENT, gl.SliceLayout(0, G16))[None, :], mask=(o_hq < H)[:, None], other=0.0)
-    if FMT == 2:
+    if UNITS:
         b_qmax = gl.max(gl.abs(b_q.to(gl.float32)), 1)
         b_qmax = gl.where(b_qmax > 0, gl.exp2(gl.minimum(gl.ceil(gl.log2(b_qmax)), 127.0)), 1.0)
         q_s.store((b_q.to(gl.float32) * (1.0 / b_qmax)[:, None]).to(gl.float16))
@@ -149,7 +151,7 @@ def _sparse_mla_fwd_wgmma(
                    t_nx % STAGES, FMT, HAS_ROPE)
         _ac.commit_group()
         b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_L)
-        if FMT == 2:
+        if UNITS:
             s0, s1, s2, s3 = _chunk_scales(sc_s, st)
             _dequant_tile(raw_s, sc_s, lat_s.index(0), st, s0, s1, s2, s3, SW_FP8)
             _barrier()
@@ -161,7 +163,12 @@ def _sparse_mla_fwd_wgmma(
             b_s = _qk_chunk(q_s, k_t, b_s, s3, 3)
             b_s = b_s * b_qmax[:, None]
         else:
-            k_t = lat_s.index(st)
+            if FMT == 2:
+                _dequant_tile_exact(raw_s, sc_s, lat_s.index(0), st, SW_FP8)
+                _barrier()
+                k_t = lat_s.index(0)
+            else:
+                k_t = lat_s.index(st)
             hopper.fence_async_shared()  # cp.async and register stores -> the wgmma operand reads
             for c in gl.static_range(LATENT // 64):
                 b_s = hopper.warpgroup_mma(q_s.slice(c * 64, 64, dim=1),
@@ -184,7 +191,7 @@ def _sparse_mla_fwd_wgmma(
         hopper.fence_async_shared()
         _barrier()  # both warpgroups' probabilities in place
         b_al = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_L))
-        if FMT == 2:  # each accumulator moves to the units of its chunk's scale in this tile
+        if UNITS:  # each accumulator moves to the units of its chunk's scale in this tile
             b_a0 = hopper.warpgroup_mma(p_s, k_t.slice(0 * 128, 128, dim=1), b_a0 * (b_al * (s_run0 / s0))[:, None])
             b_a1 = hopper.warpgroup_mma(p_s, k_t.slice(1 * 128, 128, dim=1), b_a1 * (b_al * (s_run1 / s1))[:, None])
             b_a2 = hopper.warpgroup_mma(p_s, k_t.slice(2 * 128, 128, dim=1), b_a2 * (b_al * (s_run2 / s2))[:, None])
