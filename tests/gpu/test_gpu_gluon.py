@@ -202,3 +202,34 @@ def test_gluon_fp8_scales_far_apart_across_tiles(family, heads, f16_dot):
                                          out_dtype=torch.float32)
     assert torch.isfinite(out).all()
     assert rel_err(out[..., :128], ref[..., :128]) <= 2e-2
+
+
+@pytest.mark.parametrize("f16_dot", [True, False])
+@pytest.mark.parametrize("family,heads", [("mma2", 16), ("mma2", 32), ("wgmma", 64)])
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_gluon_fp8_chunk_scales_differ(gluon_launches, family, heads, kernel, f16_dot):
+    """Each 128-column chunk of a row with its own scale, 2^-20 .. 2^15 apart and different per row (float32 scales):
+    every chunk of the output matches the reference (a chunk read with another chunk's scale cannot)."""
+    _skip_unless_supported("fp8_ds_mla", family)
+    from triton_mla_sparse import reference
+    from triton_mla_sparse.testing import encode_cache
+
+    torch.manual_seed(17)
+    T, K, S = 64, 512, 4096
+    values = torch.randn(S, 576, device=DEV)
+    gains = 2.0 ** torch.randint(-20, 16, (S, 4), device=DEV).float() * (1 + torch.rand(S, 4, device=DEV))
+    values[:, :512] *= gains.repeat_interleave(128, dim=1)
+    cache, _ = encode_cache(values.reshape(S // 64, 64, 576), "fp8_ds_mla", scale_format="fp32")
+    idx = torch.stack([torch.randperm(S, device=DEV)[:K] for _ in range(T)]).to(torch.int32)
+    q = torch.randn(T, heads, 576, device=DEV).to(torch.bfloat16)
+    scale = 576 ** -0.5 / 2.0 ** 15
+    out, lse = sparse_mla_attention_with_config(q, cache, idx, scale, kv_format="fp8_ds_mla", return_lse=True,
+                                                family=family, kernel=kernel, f16_dot=f16_dot)
+    assert gluon_launches[family] == 1
+    ref = reference.sparse_mla_attention(q, cache, idx, scale, kv_format="fp8_ds_mla", compute_dtype=torch.float32,
+                                         out_dtype=torch.float32)
+    assert torch.isfinite(out).all()
+    for c in range(4):
+        cols = slice(c * 128, c * 128 + 128)
+        err = rel_err(out[..., cols], ref[..., cols])
+        assert err <= 1e-2, f"chunk {c}: relative error {err:.2e}"

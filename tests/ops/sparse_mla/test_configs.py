@@ -134,7 +134,7 @@ def test_overrides_a_gluon_kernel_cannot_take(on_gpu):
         assert cfg.family == "tl" and all(getattr(cfg, k) == v for k, v in over.items()), over
         with pytest.raises(ValueError, match=next(iter(over))):
             choose_config(64, 128, 2048, CPU, kv_format="bf16", arch=sm90, family="wgmma", **over)
-    for over in ({"block_n": 16}, {"num_warps": 8}, {"block_n": 128}, {"low_reg": True}):
+    for over in ({"block_n": 16}, {"num_warps": 2}, {"block_n": 128}, {"low_reg": True}):
         cfg = choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm90, **over)  # the table: mma2 bn32 w4
         assert cfg.family == "tl" and all(getattr(cfg, k) == v for k, v in over.items()), over
     # overrides a Gluon kernel takes keep it
@@ -166,3 +166,15 @@ def test_gluon_fp8_entries_run_the_measured_float16_path(on_gpu):
     assert (cfg.family, cfg.f16_dot) == ("wgmma", True)
     cfg = choose_config(64, 128, 2048, CPU, kv_format="fp8_ds_mla", arch=ARCHS["sm90"], f16_dot=False)
     assert (cfg.family, cfg.f16_dot) == ("wgmma", False)
+
+
+def test_the_gpu_tier_shapes_are_buildable(on_gpu):
+    """Every Gluon launch shape the GPU tier forces is one choose_config accepts with its family named."""
+    from gpu.test_gpu_gluon import SHAPES
+
+    for family, heads, block_h, block_n, num_warps, stages in SHAPES:
+        for fmt in ("bf16", "fp8_ds_mla"):
+            for kernel in ("decode", "prefill"):
+                cfg = choose_config(64, heads, 2048, CPU, kernel, kv_format=fmt, arch=ARCHS["sm90"], family=family,
+                                    block_h=block_h, block_n=block_n, num_warps=num_warps, num_stages=stages)
+                assert (cfg.family, cfg.block_h, cfg.block_n) == (family, block_h, block_n)

@@ -262,8 +262,8 @@ def gluon_supported(family: str, arch: Arch | None, kv_format: str, q_dtype: tor
 
 def gluon_config_problem(cfg: AttentionConfig) -> str | None:
     """Why a Gluon config cannot be built as given (``None`` when it can): wgmma runs 64-head blocks on 8 warps with
-    32- or 64-row tiles and at least two stages; mma2 needs the tile rows to cover its warps' mma columns (8 per
-    warp) and takes no tl-only variant."""
+    32- or 64-row tiles and at least two stages; mma2 runs 16-, 32- or 64-head blocks of 32- or 64-row tiles on 4 or
+    8 warps (what the GPU tier covers); neither takes the tl kernel's low-register variant."""
     if cfg.family == "wgmma":
         if cfg.block_h != 64 or cfg.num_warps != 8:
             return (f"block_h / num_warps: the wgmma kernel runs block_h 64 on 8 warps, got {cfg.block_h} / "
@@ -276,8 +276,8 @@ def gluon_config_problem(cfg: AttentionConfig) -> str | None:
         if cfg.block_h not in (16, 32, 64) or cfg.num_warps not in (4, 8):
             return (f"block_h / num_warps: the mma2 kernel takes block_h 16, 32 or 64 on 4 or 8 warps, got "
                     f"{cfg.block_h} / {cfg.num_warps}")
-        if cfg.block_n < 8 * cfg.num_warps or cfg.block_n > 64:
-            return f"block_n: the mma2 kernel takes 8 x num_warps ({8 * cfg.num_warps}) to 64, got {cfg.block_n}"
+        if cfg.block_n not in (32, 64):
+            return f"block_n: the mma2 kernel takes 32 or 64, got {cfg.block_n}"
         if cfg.num_stages < 1:
             return f"num_stages: at least 1, got {cfg.num_stages}"
     if cfg.family != "tl" and cfg.low_reg:

@@ -465,6 +465,9 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
     q_pe = p.q_pe if p.q_pe is not None else q_nope
     has_rope = p.q_pe is not None
     convert = fmt == FMT_NATIVE and kv.dtype != q_nope.dtype
+    if cfg.family != "tl" and not _gluon_reads(kv, fmt, convert, q_nope.dtype):
+        # what the Gluon kernels cannot read runs the tl kernel, with cfg's sizes (f16_dot meant the Gluon variant)
+        cfg = replace(cfg, family="tl", f16_dot=False)
     k_scale_ptr = isinstance(p.k_scale, torch.Tensor)
     k_scale_t = p.k_scale if k_scale_ptr else q_nope  # dummy pointer when unused
     k_scale_f = float(p.k_scale) if (p.k_scale is not None and not k_scale_ptr) else 1.0
@@ -490,8 +493,6 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
     )
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     launch = _launch_fwd
-    if cfg.family != "tl" and not _gluon_reads(kv, fmt, convert, q_nope.dtype):
-        cfg = replace(cfg, family="tl")  # what the Gluon kernels cannot read runs the tl kernel, with cfg's sizes
     if cfg.family != "tl":
         if cfg.family == "wgmma":
             from .kernels_wgmma import launch_fwd_wgmma as launch

@@ -141,6 +141,8 @@ def _sparse_mla_fwd_wgmma(
     for t in range(0, n_tiles):
         st = t % STAGES
         _ac.wait_group(STAGES - 2)
+        # each thread's cp.async data (and, first, its q stores) ordered before the wgmma reads: fence, then barrier
+        hopper.fence_async_shared()
         _barrier()  # tile t and q visible; every warp done with tile t - 1 and with the probabilities of t - 1
         t_nx = t + STAGES - 1
         idx_t = idx_nx
@@ -154,6 +156,7 @@ def _sparse_mla_fwd_wgmma(
         if UNITS:
             s0, s1, s2, s3 = _chunk_scales(sc_s, st)
             _dequant_tile(raw_s, sc_s, lat_s.index(0), st, s0, s1, s2, s3, SW_FP8)
+            hopper.fence_async_shared()
             _barrier()
             k_t = lat_s.index(0)
             hopper.fence_async_shared()  # cp.async and register stores -> the wgmma operand reads
@@ -165,6 +168,7 @@ def _sparse_mla_fwd_wgmma(
         else:
             if FMT == 2:
                 _dequant_tile_exact(raw_s, sc_s, lat_s.index(0), st, SW_FP8)
+                hopper.fence_async_shared()
                 _barrier()
                 k_t = lat_s.index(0)
             else:
