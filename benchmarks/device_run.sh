@@ -10,7 +10,9 @@
 # go to the bench (e.g. --filter 'decode h16'). SKIP_TESTS=1 skips the tests. Every step runs even when an earlier
 # one fails; the exit status is non-zero when any step failed. Budget: tests <= 240 s, bench <= BENCH_TIMEOUT=270 s
 # (each under `timeout`; the bench starts no case after BENCH_BUDGET=250 s and rewrites its JSON after every case).
-# Indexer cases (DeepGEMM peer): also carry .peers-deepgemm (get-peers.sh --deepgemm); its first use JIT-compiles.
+# Indexer cases (DeepGEMM peer): also carry .peers-deepgemm (get-peers.sh --deepgemm; 57 MB), or, to fit one call's
+# 64 MiB carry beside .peers, its archive .peers-deepgemm.tar.xz (6 MB: tar -cJf .peers-deepgemm.tar.xz
+# .peers-deepgemm), which this script unpacks; DeepGEMM's first use JIT-compiles.
 set -u
 set -o pipefail
 
@@ -40,6 +42,11 @@ EOF
 if [ -n "${TRITON_INTERPRET:-}" ]; then
     echo "note: unsetting TRITON_INTERPRET=${TRITON_INTERPRET} (kernels must compile for the GPU here)"
     unset TRITON_INTERPRET
+fi
+
+if [ -f .peers-deepgemm.tar.xz ] && [ ! -d .peers-deepgemm ]; then
+    stamp "== unpack .peers-deepgemm.tar.xz"
+    tar -xJf .peers-deepgemm.tar.xz || failed+=("unpack deepgemm")
 fi
 
 stamp "== install"
