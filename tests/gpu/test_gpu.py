@@ -309,22 +309,30 @@ def _with_garbage(idx: torch.Tensor, num_slots: int, frac: float = 0.3) -> torch
     return idx
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("kernel", ["decode", "prefill"])
-def test_nan_outside_the_selection_never_reaches_output(pool, fmt, kernel):
-    """Every unselected slot, and the slack between blocks and after each row of a strided cache, holds NaN."""
-    torch.manual_seed(21)
-    T, H = ROWS[64], 16
+def poisoned_cache(pool: Pool, fmt: str, idx: torch.Tensor) -> tuple[Cache, torch.Tensor]:
+    """``(the pool's cache in fmt, a strided NaN-filled copy)``: the copy holds the clean rows only at the slots
+    ``idx`` selects; every other slot, the slack between blocks and after each row is NaN."""
     c = pool.caches[fmt]
     clean = c.tensor
     row = clean.shape[-1]
     storage = torch.empty(NB, BS + 3, row + 16, dtype=clean.dtype, device=DEV)
     _fill_nan_(storage, c.kv_format)
     cache = storage[:, :BS, :row]
-    idx = _with_garbage(make_indices(pool, T), NUM_SLOTS, frac=0.1)
     valid = idx[(idx >= 0) & (idx < NUM_SLOTS)].long().unique()
     blk, off = valid // BS, valid % BS
     _bytes(cache)[blk, off] = _bytes(clean)[blk, off]
+    return c, cache
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_nan_outside_the_selection_never_reaches_output(pool, fmt, kernel):
+    """Every unselected slot, and the slack between blocks and after each row of a strided cache, holds NaN."""
+    torch.manual_seed(21)
+    T, H = ROWS[64], 16
+    idx = _with_garbage(make_indices(pool, T), NUM_SLOTS, frac=0.1)
+    c, cache = poisoned_cache(pool, fmt, idx)
+    clean = c.tensor
     q = make_q(T, H, c.q_dtype)
     out = torch.full((T, H, 512), float("nan"), dtype=c.q_dtype, device=DEV)
     _, lse = sparse_mla_attention_with_config(q, cache, idx, SCALE, kv_format=c.kv_format, k_scale=c.k_scale,

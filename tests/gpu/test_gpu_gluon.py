@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ._env import DEV, GPU_TIER, gpu_only
-from .test_gpu import (BS, NB, NUM_SLOTS, ROWS, SCALE, TOPK, _bytes, _fill_nan_, _with_garbage,  # noqa: F401
-                       check_against_reference, make_indices, make_q, pool)
+from .test_gpu import (BS, NB, NUM_SLOTS, ROWS, SCALE, TOPK, _with_garbage, check_against_reference,  # noqa: F401
+                       make_indices, make_q, poisoned_cache, pool)
 from triton_mla_sparse.testing import rel_err
 from triton_mla_sparse.capabilities import arch_for_device
 from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
@@ -48,20 +48,6 @@ def gluon_launches(monkeypatch):
     return counts
 
 
-def _poisoned(pool, fmt: str, idx: torch.Tensor):
-    """The cache in a strided NaN-filled storage holding the clean rows only at the slots ``idx`` selects."""
-    c = pool.caches[fmt]
-    clean = c.tensor
-    row = clean.shape[-1]
-    storage = torch.empty(NB, BS + 3, row + 16, dtype=clean.dtype, device=DEV)
-    _fill_nan_(storage, c.kv_format)
-    cache = storage[:, :BS, :row]
-    valid = idx[(idx >= 0) & (idx < NUM_SLOTS)].long().unique()
-    blk, off = valid // BS, valid % BS
-    _bytes(cache)[blk, off] = _bytes(clean)[blk, off]
-    return c, cache
-
-
 # fp8_ds_mla both ways: float16 tiles in units of each chunk's scale (f16_dot, the table's) and bf16 exact tiles
 FORMATS = [("bf16", False), ("fp16", False), ("fp8_ds_mla_pow2", True), ("fp8_ds_mla_fp32", True),
            ("fp8_ds_mla_pow2", False), ("fp8_ds_mla_fp32", False)]
@@ -76,7 +62,7 @@ def test_gluon_poisoned_cache_garbage_indices_lengths_sinks(pool, gluon_launches
     torch.manual_seed(heads * 131 + block_n * 7 + stages)
     T = ROWS[64]
     idx = _with_garbage(make_indices(pool, T), NUM_SLOTS, frac=0.2)
-    c, cache = _poisoned(pool, fmt, idx)
+    c, cache = poisoned_cache(pool, fmt, idx)
     q = make_q(T, heads, c.q_dtype)
     tl = torch.randint(-5, TOPK + 10, (T,), dtype=torch.int32, device=DEV)
     tl[1:6] = torch.tensor([0, TOPK, 1, block_n - 1, block_n + 1], dtype=torch.int32, device=DEV)
