@@ -114,7 +114,8 @@ def main() -> None:
                     print(f"{name:22s} {fmt:10s} {str(over):40s} FAILED {type(e).__name__}: {str(e)[:150]}")
                     continue
                 tag = f"{cfg.family} {cfg.kernel[:3]} h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} " \
-                      f"s{cfg.num_stages} sp{cfg.num_splits} sw{int(cfg.sw_fp8)}" + " f16" * cfg.f16_dot
+                      f"s{cfg.num_stages} sp{cfg.num_splits} sw{int(cfg.sw_fp8)}" + " f16" * cfg.f16_dot \
+                      + (f" reg{cfg.max_registers}" if cfg.max_registers is not None else "")
                 line["ours"].append((tag, ms, err))
                 print(f"{name:22s} {fmt:10s} {tag:40s} {ms:8.4f} ms err {err:.1e}", flush=True)
             best = min(line["ours"], key=lambda r: r[1]) if line["ours"] else None

@@ -3,7 +3,7 @@
 # benchmarks/results/sweep-h200-2026-12-01-gluon.txt, read in benchmarks/NOTES.md): the mma2 and wgmma kernels'
 # tile rows, stages, warps, head blocks and resident programs against the tl kernel and the peers, decode by
 # CUDA-graph replay, prefill by do_bench. On the GPU machine (carry .peers):
-#   OUT=... bash benchmarks/scripts/sweep_gluon.sh small|large|prefill|wgmma|one-buffer|fp8
+#   OUT=... bash benchmarks/scripts/sweep_gluon.sh small|mid|large|prefill|wgmma|one-buffer|fp8|regs
 set -u
 PY="$(command -v python3 || command -v python)"
 OUT="${OUT:-$PWD/.device-out}"
@@ -18,6 +18,9 @@ case "${1:-small}" in
 small)  # <= 16 heads, decode
     run small --cases decode_h8,decode_h16,decode_h16_b256 --configs "[$TL, {\"family\": \"tl\", \"f16_dot\": true}, \
 $(m 16 32 4 2 2), $(m 16 32 4 3 1), $(m 16 32 4 4 1), $(m 16 64 8 2 1), $(m 16 32 4 2 1)]" --splits 3,5,6 ;;
+mid)  # 32 heads, decode: 16-head blocks (two per row), 32-head blocks, a half-empty 64-head wgmma block
+    run mid --cases decode_h32 --configs "[$TL, $(m 16 32 4 2 1), $(m 16 32 4 3 1), $(m 32 64 8 2 1), \
+$(m 32 32 8 2 1), $(w 64 2), $(w 32 3)]" ;;
 large)  # 64 and 128 heads, decode, mma2
     run large --cases decode_h64,decode_h128 --configs "[$TL, $(m 32 64 8 2 1), $(m 64 32 8 2 1), $(m 16 32 4 3 1), \
 $(m 16 64 8 2 1), $(m 32 32 8 3 1), $(m 16 32 4 2 1)]" ;;
@@ -36,5 +39,12 @@ fp8)  # fp8_ds_mla: float16 tiles in units of each chunk's scale (f16_dot, the t
     run fp8 --cases decode_h8,decode_h16,decode_h64,decode_h128,prefill_h16,prefill_h128 --formats fp8_ds_mla \
         --configs "[$TL, $(x "$(m 16 32 4 3 1)" true), $(x "$(m 16 32 4 3 1)" false), $(x "$(m 16 32 4 2 1)" false), \
 $(x "$(w 32 3)" true), $(x "$(w 32 3)" false), $(x "$(w 64 2)" false)]" ;;
-*) echo "usage: sweep_gluon.sh small|large|prefill|wgmma|one-buffer|fp8" >&2; exit 2 ;;
+regs)  # a register cap (ptxas maxnreg) so three or four one-buffer programs fit an SM; fp8 at 32 heads, exact tiles
+    r() { echo "$1" | sed "s/}\$/, \"max_registers\": $2}/"; }
+    run regs --cases decode_h8,decode_h16,decode_h16_b256 --configs "[$(m 16 32 4 3 1), $(m 16 32 4 2 1), \
+$(r "$(m 16 32 4 1 3)" 128), $(r "$(m 16 32 4 1 4)" 128), $(r "$(m 16 32 4 1 4)" 120), $(r "$(m 16 32 4 1 2)" 128)]" \
+        --splits 6,8
+    run regs32 --cases decode_h32 --formats fp8_ds_mla --configs "[$(m 32 64 8 2 1), $(m 16 32 4 3 1), $(w 64 2), \
+$(w 32 3)]" ;;
+*) echo "usage: sweep_gluon.sh small|mid|large|prefill|wgmma|one-buffer|fp8|regs" >&2; exit 2 ;;
 esac

@@ -48,7 +48,7 @@ def gluon_launches(monkeypatch):
     return counts
 
 
-# fp8_ds_mla both ways: float16 tiles in units of each chunk's scale (f16_dot, the table's) and bf16 exact tiles
+# fp8_ds_mla both ways: float16 tiles in units of each chunk's scale (f16_dot, opt-in) and bf16 exact tiles (the table's)
 FORMATS = [("bf16", False), ("fp16", False), ("fp8_ds_mla_pow2", True), ("fp8_ds_mla_fp32", True),
            ("fp8_ds_mla_pow2", False), ("fp8_ds_mla_fp32", False)]
 
@@ -117,6 +117,29 @@ def test_gluon_and_tl_agree(pool, fmt, family, heads):
         check_against_reference(outs[fam], lse, q, c.tensor, idx, kv_format=c.kv_format)
     d = (outs["tl"].float() - outs[family].float()).norm() / outs["tl"].float().norm()
     assert d <= 1e-2, f"the kernels differ by {d:.2e}"
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_fp32"])
+@pytest.mark.parametrize("stages,cap", [(1, 128), (3, 168)])
+def test_gluon_register_cap(pool, fmt, stages, cap):
+    """``max_registers`` (ptxas maxnreg) reaches the mma2 build, which uses at most the cap and still matches the
+    reference."""
+    from triton_mla_sparse.ops.sparse_mla.kernels_mma2 import launch_fwd_mma2
+
+    _skip_unless_supported(fmt)
+    torch.manual_seed(78)
+    T, H = ROWS[64], 16
+    c = pool.caches[fmt]
+    q = make_q(T, H, c.q_dtype)
+    idx = make_indices(pool, T)
+    out, lse, cfg = sparse_mla_attention_with_config(q, c.tensor, idx, SCALE, kv_format=c.kv_format, return_lse=True,
+                                                     return_config=True, family="mma2", num_stages=stages,
+                                                     max_registers=cap)
+    assert (cfg.family, cfg.max_registers) == ("mma2", cap)
+    check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format)
+    # the launcher's key holds the launch options: the build made with this cap
+    regs = [k.n_regs for key, k in launch_fwd_mma2.cache.items() if ("maxnreg", cap) in key[4]]
+    assert regs and max(regs) <= cap
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])

@@ -52,10 +52,12 @@ def target_for(arch: Arch) -> GPUTarget:
 
 
 def compile_kernel(fn: Any, sig: dict[str, str], const: dict[str, Any], divisible: Iterable[str], arch: Arch,
-                   num_warps: int, num_stages: int, ones: Iterable[str] = ()) -> CompiledKernel:
+                   num_warps: int, num_stages: int, ones: Iterable[str] = (),
+                   max_registers: int | None = None) -> CompiledKernel:
     """``triton.compile`` of ``fn`` (``@triton.jit`` or ``@gluon.jit``) for ``arch`` with ``sig`` (name -> type),
     constexprs ``const``, and what a real launch specialises: the names in ``divisible`` as divisible by 16, those in
-    ``ones`` as the constant 1 (Triton turns an int argument equal to 1 into a constexpr)."""
+    ``ones`` as the constant 1 (Triton turns an int argument equal to 1 into a constexpr); ``max_registers``: NVIDIA's
+    per-thread register cap (maxnreg), as the launch passes it."""
     names = list(sig) + list(const)
     full = dict(sig, **{k: "constexpr" for k in const}, **{k: "constexpr" for k in ones})
     consts = {(names.index(k),): v for k, v in const.items()}
@@ -65,7 +67,10 @@ def compile_kernel(fn: Any, sig: dict[str, str], const: dict[str, Any], divisibl
     if type(fn).__name__ == "GluonJITFunction":
         from triton.experimental.gluon._runtime import GluonASTSource as source
     src = source(fn=fn, signature=full, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=target_for(arch), options=dict(num_warps=num_warps, num_stages=num_stages))
+    options = dict(num_warps=num_warps, num_stages=num_stages)
+    if max_registers is not None:
+        options["maxnreg"] = max_registers
+    return triton.compile(src, target=target_for(arch), options=options)
 
 
 def _cuobjdump() -> str:

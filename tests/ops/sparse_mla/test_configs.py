@@ -156,16 +156,16 @@ def test_fp16_q_with_fp8_ds_mla_runs_the_tl_kernel(on_gpu):
                          q_dtype=torch.bfloat16).family == "mma2"
 
 
-def test_gluon_fp8_entries_run_the_measured_float16_path(on_gpu):
-    """Every Gluon fp8_ds_mla entry has f16_dot (the path measured on the H200); f16_dot=False (bf16 tiles of exact
-    values) is reachable by override and keeps the Gluon kernel."""
+def test_gluon_fp8_entries_run_exact_tiles(on_gpu):
+    """No Gluon entry has f16_dot (bf16 tiles of exact values measured faster on the H200 and hold any scales); the
+    float16 tiles in chunk units stay reachable by override and keep the Gluon kernel."""
     for arch_name, entries in GLUON_TABLE.items():
         for (hc, cc), launch in entries.items():
-            assert launch.f16_dot is (cc == "fp8_ds_mla"), (arch_name, hc, cc)
+            assert not launch.f16_dot, (arch_name, hc, cc)
     cfg = choose_config(64, 128, 2048, CPU, kv_format="fp8_ds_mla", arch=ARCHS["sm90"])
-    assert (cfg.family, cfg.f16_dot) == ("wgmma", True)
-    cfg = choose_config(64, 128, 2048, CPU, kv_format="fp8_ds_mla", arch=ARCHS["sm90"], f16_dot=False)
     assert (cfg.family, cfg.f16_dot) == ("wgmma", False)
+    cfg = choose_config(64, 128, 2048, CPU, kv_format="fp8_ds_mla", arch=ARCHS["sm90"], f16_dot=True)
+    assert (cfg.family, cfg.f16_dot) == ("wgmma", True)
 
 
 def test_the_gpu_tier_shapes_are_buildable(on_gpu):
@@ -178,3 +178,41 @@ def test_the_gpu_tier_shapes_are_buildable(on_gpu):
                 cfg = choose_config(64, heads, 2048, CPU, kernel, kv_format=fmt, arch=ARCHS["sm90"], family=family,
                                     block_h=block_h, block_n=block_n, num_warps=num_warps, num_stages=stages)
                 assert (cfg.family, cfg.block_h, cfg.block_n) == (family, block_h, block_n)
+
+
+@pytest.mark.parametrize("bad", [100, 16, 256, 128.0, "128"])
+def test_max_registers_is_checked(on_gpu, bad):
+    with pytest.raises(ValueError, match="max_registers"):
+        choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["sm90"], max_registers=bad)
+
+
+def test_max_registers_from_the_table_and_overrides(on_gpu, monkeypatch):
+    """A table entry's register cap reaches the config (and its description); an override replaces it."""
+    entry = configs.replace(GLUON_TABLE["sm90"][(16, "16bit")], max_registers=128)
+    monkeypatch.setitem(GLUON_TABLE["sm90"], (16, "16bit"), entry)
+    cfg = choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["sm90"])
+    assert cfg.max_registers == 128 and cfg.describe().endswith(" reg128")
+    assert choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["sm90"], max_registers=96).max_registers == 96
+    assert choose_config(64, 64, 2048, CPU, kv_format="bf16", arch=ARCHS["sm90"]).max_registers is None
+
+
+def test_max_registers_reaches_the_launch(monkeypatch):
+    """The cap goes to Triton's launch as ``maxnreg`` (the interpreter runs the tl kernel and ignores it)."""
+    from triton_mla_sparse.ops.sparse_mla import kernels
+    from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
+
+    seen = []
+    real = kernels._launch_fwd
+
+    def spy(grid, args, constexprs, **options):
+        seen.append(options)
+        return real(grid, args, constexprs, **options)
+
+    monkeypatch.setattr(kernels, "_launch_fwd", spy)
+    torch.manual_seed(0)
+    q = torch.randn(2, 16, 576, dtype=torch.float16)
+    kv = torch.randn(64, 1, 576, dtype=torch.float16)
+    idx = torch.randint(0, 64, (2, 32), dtype=torch.int32)
+    sparse_mla_attention_with_config(q, kv, idx, 0.05, max_registers=128)
+    sparse_mla_attention_with_config(q, kv, idx, 0.05)
+    assert [o.get("maxnreg") for o in seen] == [128, None]

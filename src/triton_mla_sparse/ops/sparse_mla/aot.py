@@ -56,13 +56,13 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
                      BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8,
                      F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA)
         return compile_kernel(fn, sig, const, list(_PTR_TYPES) + sorted(_DIV16), arch, cfg.num_warps, 1,
-                              ones=("stride_idx_k",))
+                              ones=("stride_idx_k",), max_registers=cfg.max_registers)
     const = dict(FMT=fmt, CONVERT=fmt == K.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,
                  HAS_TOPK_LEN=True, HAS_SINK=True, K_SCALE_PTR=False, SPLIT=split, BLOCK_H=cfg.block_h,
                  BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8, F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA,
                  LOW_REG=cfg.low_reg)
     return compile_kernel(K._sparse_mla_fwd_kernel, sig, const, list(_PTR_TYPES) + sorted(_DIV16), arch,
-                          cfg.num_warps, cfg.num_stages, ones=("stride_idx_k",))
+                          cfg.num_warps, cfg.num_stages, ones=("stride_idx_k",), max_registers=cfg.max_registers)
 
 
 def compile_combine(arch: Arch, cfg: AttentionConfig, q_dtype: str = "bf16") -> CompiledKernel:

@@ -41,6 +41,7 @@ class Launch:
     low_reg: bool = False  # q and the cache chunks loaded where each dot needs them, not held across the step
     family: str = "tl"  # "tl": kernels.py; "mma2" / "wgmma": kernels_mma2.py / kernels_wgmma.py (num_stages = their
     # STAGES: tiles in flight + 1)
+    max_registers: int | None = None  # NVIDIA: ptxas's per-thread register cap (maxnreg), to fit more programs per SM
 
 
 HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
@@ -135,13 +136,16 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
                 for hc in (16, 32, 64) for cc in ("16bit", "fp8_e4m3", "fp8_ds_mla")},
 }
 # The Gluon kernels where they were measured faster than the tl kernel on the H200 (benchmarks/NOTES.md, 2026-12-01
-# session 5; decode by graph replay, prefill by do_bench): mma2 (kernels_mma2.py: cp.async gathers STAGES - 1 tiles
-# ahead, mma.sync) at <= 16 heads (bf16 decode B=64 0.052 / 0.054 ms vs 0.065 / 0.067; bf16 prefill with one
-# buffer of 64-row tiles, the other resident program hiding its latency, 1.85 vs 2.17 ms; fp8_ds_mla decode 0.067
-# vs 0.100, prefill 3.47 vs 4.56) and fp8_ds_mla up to 32 heads; wgmma (kernels_wgmma.py: 64-head blocks, two
-# warpgroups) above 32 heads (decode h128 bf16 0.137 vs 0.254, fp8_ds_mla 0.234 vs 0.473; prefill h128 bf16 6.55 vs
-# 13.5). Elsewhere (sm80, sm86/89/120: unmeasured, no such GPU) the entries fit the shared memory: 16-head blocks
-# of 32-row tiles. Everything else, and every problem under the interpreter, runs the tl kernel of TABLE.
+# sessions 5 and 6; decode by graph replay, prefill by do_bench): mma2 (kernels_mma2.py: cp.async gathers STAGES - 1
+# tiles ahead, mma.sync) at <= 16 heads (bf16 decode B=64 0.052 / 0.054 ms vs 0.065 / 0.067; bf16 prefill with one
+# buffer of 64-row tiles, the other resident program hiding its latency, 1.85 vs 2.17 ms; fp8_ds_mla decode 0.066
+# vs 0.100, prefill 3.33 vs 4.60); wgmma (kernels_wgmma.py: 64-head blocks, two warpgroups) from 32 heads on
+# (decode h32 bf16 0.071 vs 0.105, fp8_ds_mla 0.092 vs mma2's 0.102; h128 bf16 0.137 vs 0.254, fp8_ds_mla 0.174
+# vs 0.470; prefill h128 bf16 6.55 vs 13.5, fp8_ds_mla 9.1 vs 26.0). fp8_ds_mla runs bf16 tiles of exact values
+# (f16_dot off): faster than the float16 tiles in chunk units at every measured shape (h16 decode 0.066 vs 0.069,
+# h128 0.174 vs 0.240) and free of their range limit. Elsewhere (sm80, sm86/89/120: unmeasured, no such GPU) the
+# entries fit the shared memory: 16-head blocks of 32-row tiles. Everything else, and every problem under the
+# interpreter, runs the tl kernel of TABLE.
 _M = functools.partial(Launch, family="mma2")
 _W = functools.partial(Launch, family="wgmma")
 GLUON_CACHE_CLASSES = ("16bit", "fp8_ds_mla")
@@ -149,23 +153,23 @@ GLUON_FAMILIES = ("mma2", "wgmma")
 GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
     "sm90": {
         (16, "16bit"): _M(16, 32, 4, 2, 1, prefill_stages=1, prefill_block_n=64),
-        (16, "fp8_ds_mla"): _M(16, 32, 4, 3, 1, prefill_stages=2, f16_dot=True),
-        (32, "fp8_ds_mla"): _M(32, 64, 8, 2, 1, f16_dot=True),
+        (16, "fp8_ds_mla"): _M(16, 32, 4, 3, 1),
+        (32, "16bit"): _W(64, 64, 8, 2, 1),  # a half-filled 64-head block beats two or one 16 / 32-head blocks
+        (32, "fp8_ds_mla"): _W(64, 64, 8, 2, 1),
         (64, "16bit"): _W(64, 64, 8, 2, 1),
-        # 64-row tiles with f16_dot: 255 registers + 152 B of stack (triton 3.6)
-        (64, "fp8_ds_mla"): _W(64, 32, 8, 3, 1, f16_dot=True),
+        (64, "fp8_ds_mla"): _W(64, 64, 8, 2, 1),
     },
     # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB)
-    "sm80": {(hc, cc): _M(16, 32, 4, 3, 1, f16_dot=cc == "fp8_ds_mla") for hc in HEAD_CLASSES
+    "sm80": {(hc, cc): _M(16, 32, 4, 3, 1) for hc in HEAD_CLASSES
              for cc in GLUON_CACHE_CLASSES},
     # ~99 KB (sm86, sm89, sm120): two stages (93 KB)
-    "sm86": {(hc, cc): _M(16, 32, 4, 2, 1, f16_dot=cc == "fp8_ds_mla") for hc in HEAD_CLASSES
+    "sm86": {(hc, cc): _M(16, 32, 4, 2, 1) for hc in HEAD_CLASSES
              for cc in GLUON_CACHE_CLASSES},
 }
 GLUON_TABLE["sm89"] = GLUON_TABLE["sm86"]
 GLUON_TABLE["sm120"] = GLUON_TABLE["sm86"]
 # what a forced family runs where the table has no entry of it
-_GLUON_DEFAULT = {"mma2": _M(16, 32, 4, 2, 1, f16_dot=True), "wgmma": _W(64, 64, 8, 2, 1, f16_dot=True)}
+_GLUON_DEFAULT = {"mma2": _M(16, 32, 4, 2, 1), "wgmma": _W(64, 64, 8, 2, 1)}
 
 # Head blocks a target cannot build: on sm100/sm110 a 64-head block's accumulators need 576 of the 512 tensor-memory
 # columns (triton 3.9 compiles it to a bare trap, 3.6 asks 451 KB of shared memory); on RDNA it spills registers.
@@ -210,6 +214,8 @@ class AttentionConfig:
     combine_block_h: int = 8
     combine_warps: int = 4
     family: str = "tl"  # which kernel: "tl" (kernels.py), "mma2" / "wgmma" (kernels_mma2.py / kernels_wgmma.py)
+    max_registers: int | None = None  # NVIDIA: registers per thread the build may use (ptxas maxnreg); None: its own
+
 
     def describe(self) -> str:
         """Short text: kernel, head block, gather block, splits, warps/stages, and every option switched on."""
@@ -219,6 +225,8 @@ class AttentionConfig:
             text = (f"decode bh{self.block_h} bn{self.block_n} split{self.num_splits}x{self.split_len} "
                     f"w{self.num_warps} st{self.num_stages}")
         text = ("" if self.family == "tl" else f"{self.family} ") + text
+        if self.max_registers is not None:
+            text += f" reg{self.max_registers}"
         return text + "".join(f" +{k}" for k, v in vars(self).items() if v is True)
 
 
@@ -357,8 +365,11 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
                           split_len=split_len, num_warps=launch.num_warps, num_stages=num_stages,
                           sw_fp8=sw_fp8, programs_per_sm=launch.programs_per_sm,
                           f16_dot=launch.f16_dot and cache_class(kv_format) == "fp8_ds_mla", low_reg=launch.low_reg,
-                          family=family)
+                          family=family, max_registers=launch.max_registers)
     cfg = replace(cfg, **overrides) if overrides else cfg
+    reg = cfg.max_registers
+    if reg is not None and (type(reg) is not int or not 32 <= reg <= 255 or reg % 8):
+        raise ValueError(f"max_registers: expected None or a multiple of 8 in [32, 255], got {reg!r}")
     problem = gluon_config_problem(cfg)
     if problem is not None:
         if "family" in given:

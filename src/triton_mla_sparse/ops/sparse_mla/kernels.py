@@ -503,6 +503,8 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
                       HAS_SINK=p.attn_sink is not None, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                       STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8, F16_DOT=cfg.f16_dot and fmt == FMT_FP8_DS_MLA)
         opts = dict(num_warps=cfg.num_warps, num_stages=1)
+    if cfg.max_registers is not None:
+        opts["maxnreg"] = cfg.max_registers
     args = (q_nope, q_pe, kv, p.indices, topk_len, sink, k_scale_t)
     qstrides = (q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
                 kv.stride(0), kv.stride(1), p.indices.stride(0), p.indices.stride(1), topk_len.stride(0),
