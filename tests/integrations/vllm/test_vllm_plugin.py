@@ -93,8 +93,8 @@ def test_attention_backend_cli_name_resolves(cuda_platform_module):
         assert backend.get_class().get_name() == "TRITON_MLA_SPARSE"
 
 
-def _expected_index(names: list[str], major: int) -> int:
-    if major == 8:
+def _expected_index(names: list[str], major: int, heads: int, kv: str) -> int:
+    if major == 8 or (major == 9 and kv == "fp8_ds_mla" and heads <= 16):  # the latter: measured fastest
         return 0
     if major == 12:
         return names.index("FLASHINFER_MLA_SPARSE_SM120") + 1
@@ -103,7 +103,7 @@ def _expected_index(names: list[str], major: int) -> int:
 
 @pytest.mark.parametrize("cap", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
 @pytest.mark.parametrize("kv", KV_DTYPES)
-@pytest.mark.parametrize("heads,head_size", [(8, 576), (16, 576), (8, 512)])
+@pytest.mark.parametrize("heads,head_size", [(8, 576), (16, 576), (32, 576), (8, 512)])
 def test_cuda_priorities_place_backend_per_policy(fresh_priorities, cap, kv, heads, head_size):
     from vllm.platforms.interface import DeviceCapability
 
@@ -114,11 +114,11 @@ def test_cuda_priorities_place_backend_per_policy(fresh_priorities, cap, kv, hea
     got = [b.name for b in cuda_mod._get_backend_priorities(**kwargs)]
     assert "TRITON_MLA_SPARSE" not in original
     assert got.count("TRITON_MLA_SPARSE") == 1
-    assert got.index("TRITON_MLA_SPARSE") == _expected_index(original, cap[0])
+    assert got.index("TRITON_MLA_SPARSE") == _expected_index(original, cap[0], heads, kv)
     assert [n for n in got if n != "TRITON_MLA_SPARSE"] == original  # vLLM's own order untouched
     if cap[0] == 12:
         assert got[got.index("TRITON_MLA_SPARSE") - 1] == "FLASHINFER_MLA_SPARSE_SM120"
-    if cap[0] in (9, 10):
+    if cap[0] == 10 or (cap[0] == 9 and (kv != "fp8_ds_mla" or heads > 16)):
         assert got[-1] == "TRITON_MLA_SPARSE"
 
 
@@ -152,7 +152,7 @@ def test_priority_env_variable(fresh_priorities, monkeypatch, plugin_log, mode):
             assert names[0] == "TRITON_MLA_SPARSE"
         else:
             original = [n for n in names if n != "TRITON_MLA_SPARSE"]
-            assert names.index("TRITON_MLA_SPARSE") == _expected_index(original, cap[0])
+            assert names.index("TRITON_MLA_SPARSE") == _expected_index(original, cap[0], 8, "auto")
     assert not [r for r in plugin_log if r.levelno == logging.WARNING]
 
 
@@ -244,6 +244,16 @@ def test_policy_index_pure():
     assert policy.policy_index(["A", "FLASHINFER_MLA_SPARSE_SM120", "B"], (12, 0)) == 2
     assert policy.policy_index(["A"], (12, 1)) == 1
     assert policy.policy_index(["A", "B"], (9, 0)) == 2
+    # measured fastest: SM 9.x, fp8_ds_mla, <= 16 heads per GPU (policy.FASTEST_FIRST)
+    assert policy.FASTEST_FIRST == {(9, "fp8_ds_mla"): 16}
+    assert policy.policy_index(["A", "B"], (9, 0), num_heads=16, kv_cache_dtype="fp8_ds_mla") == 0
+    assert policy.policy_index(["A", "B"], (9, 0), num_heads=8, kv_cache_dtype="fp8_ds_mla") == 0
+    assert policy.policy_index(["A", "B"], (9, 0), num_heads=32, kv_cache_dtype="fp8_ds_mla") == 2
+    assert policy.policy_index(["A", "B"], (9, 0), num_heads=16, kv_cache_dtype="bfloat16") == 2
+    assert policy.policy_index(["A", "B"], (9, 0), num_heads=16, kv_cache_dtype="fp8") == 2
+    assert policy.policy_index(["A", "B"], (9, 0), kv_cache_dtype="fp8_ds_mla") == 2  # heads unknown
+    assert policy.policy_index(["A", "B"], (10, 0), num_heads=16, kv_cache_dtype="fp8_ds_mla") == 2
+    assert policy.policy_index(["A", "B"], (9, 0), "off", num_heads=16, kv_cache_dtype="fp8_ds_mla") is None
     assert policy.policy_index(["A", "B"], (10, 0)) == 2
     assert policy.policy_index(["A", "B"], (10, 3)) == 2
     assert policy.policy_index(["A", "B"], (11, 0)) == 0  # Jetson Thor: no vLLM sparse MLA backend runs there

@@ -109,10 +109,25 @@ def test_vllm_selects_per_policy(cuda_platform_module, model):
                 assert names[names.index("TRITON_MLA_SPARSE") - 1] == "FLASHINFER_MLA_SPARSE_SM120"
                 if kv == "bfloat16":  # FlashInfer's SM120 kernel only takes fp8_ds_mla
                     assert r["selected"] == "TRITON_MLA_SPARSE", where
+            elif cap[0] == 9 and kv == "fp8_ds_mla":  # measured fastest there: 8 (GLM-5) / 16 (V3.2) heads per GPU
+                assert ours["position"] == 1 and r["selected"] == "TRITON_MLA_SPARSE", where
             else:
                 assert names[-1] == "TRITON_MLA_SPARSE"
                 others = [c for c in r["candidates"] if c["accepted"] and c["name"] != "TRITON_MLA_SPARSE"]
                 assert (r["selected"] == "TRITON_MLA_SPARSE") == (not others), where
+
+
+@pytest.mark.parametrize("tp,first", [(8, True), (4, False), (2, False)])
+def test_vllm_sm90_fp8_ds_mla_first_up_to_16_heads(cuda_platform_module, tp, first):
+    """On SM 9.0 with an fp8_ds_mla cache vLLM selects ours up to 16 heads per GPU (DeepSeek-V3.2 at TP 8) and
+    FLASHMLA_SPARSE above (32 / 64 heads at TP 4 / 2), through vLLM's own priority call with its num_heads."""
+    r = evaluate(capability=(9, 0), shape=MODELS["dsv32"], tp=tp, kv_cache_dtype="fp8_ds_mla")
+    assert r["validation"] == "vllm" and r["heads_per_gpu"] == 128 // tp
+    assert r["selected"] == ("TRITON_MLA_SPARSE" if first else "FLASHMLA_SPARSE"), r["candidates"]
+    names = [c["name"] for c in r["candidates"]]
+    assert names.index("TRITON_MLA_SPARSE") == (0 if first else len(names) - 1)
+    r = evaluate(capability=(9, 0), shape=MODELS["dsv32"], tp=tp, kv_cache_dtype="bfloat16")
+    assert r["selected"] == "FLASH_ATTN_MLA_SPARSE"
 
 
 def test_vllm_selection_kv_dtype_canonicalisation(cuda_platform_module):

@@ -19,7 +19,9 @@ parses arguments. ``register`` is idempotent and never changes vLLM's files. It
    12.x (RTX 50xx, RTX PRO)  right after FLASHINFER_MLA_SPARSE_SM120, which only takes bf16 models with
                              top-k 2048 and an fp8_ds_mla cache (vLLM turns auto/fp8 into fp8_ds_mla for
                              it), so every other configuration (e.g. --kv-cache-dtype bfloat16) gets ours
-   9.0, 10.0, 10.3           last: the fallback after vLLM's own sparse backends
+   9.0                       first for an fp8_ds_mla cache with <= 16 heads per GPU (policy.FASTEST_FIRST:
+                             measured faster than FLASHMLA_SPARSE there), otherwise last
+   10.0, 10.3                last: the fallback after vLLM's own sparse backends
    any other                 not added: not a declared architecture (triton_mla_sparse.capabilities)
    ========================= ============================================================================
 
@@ -170,7 +172,8 @@ def _make_wrapper(original: Callable) -> Callable:
         if not use_mla:
             return backends
         ours = AttentionBackendEnum[BACKEND_NAME]
-        return place_backend(backends, (device_capability.major, device_capability.minor), priority_mode(), ours)
+        return place_backend(backends, (device_capability.major, device_capability.minor), priority_mode(), ours,
+                             num_heads=num_heads, kv_cache_dtype=kv_cache_dtype)
 
     functools.update_wrapper(_get_backend_priorities, original)
     cached = functools.cache(_get_backend_priorities)

@@ -35,6 +35,7 @@ __all__ = [
     "SOFT_FP8_ENV",
     "SOFT_FP8_MODES",
     "SM120_PEER",
+    "FASTEST_FIRST",
     "ROCM_PEER",
     "ROCM_PEER_TARGETS",
     "SUPPORTED_DTYPES",
@@ -73,6 +74,12 @@ _ENV_MODES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
 }
 #: The one vLLM sparse backend that precedes ours on SM 12.x.
 SM120_PEER = "FLASHINFER_MLA_SPARSE_SM120"
+#: Where ours goes first although vLLM has sparse backends of its own there, because the bench measured it the
+#: fastest: (compute capability major, vLLM kv-cache dtype) -> the most heads per GPU. SM 9.x, fp8_ds_mla, <= 16
+#: heads (benchmarks/results/h200-2026-12-01.json, graph replay: decode B=64 h8 / h16 0.064 / 0.065 ms against
+#: FlashMLA's 0.078 / 0.078, B=256 h16 0.225 against 0.223, prefill h16 3.30 against 3.31 ms); at 32 heads FlashMLA
+#: is faster (0.078 against 0.092), and FLASH_ATTN_MLA_SPARSE ties ours with bf16 caches.
+FASTEST_FIRST = {(9, "fp8_ds_mla"): 16}
 #: vLLM 0.33's only sparse MLA backend on ROCm (``vllm.platforms.rocm._get_backend_priorities``).
 ROCM_PEER = "ROCM_AITER_MLA_SPARSE"
 #: The gfx targets ROCM_PEER's aiter kernels are built for (CDNA 3 and 4: vLLM's ``is_aiter_found_and_supported``
@@ -216,13 +223,21 @@ def _name(backend: object) -> str:
     return backend if isinstance(backend, str) else backend.name
 
 
+def _fastest_here(capability: tuple[int, int], num_heads: int | None, kv_cache_dtype: str | None) -> bool:
+    limit = FASTEST_FIRST.get((capability[0], kv_cache_dtype))
+    return limit is not None and num_heads is not None and num_heads <= limit
+
+
 def policy_index(names: list[str], capability: tuple[int, int] | None, mode: str = "default", *,
-                 hip_arch: str | None = None) -> int | None:
+                 hip_arch: str | None = None, num_heads: int | None = None,
+                 kv_cache_dtype: str | None = None) -> int | None:
     """Where ``TRITON_MLA_SPARSE`` goes in vLLM's priority list ``names``, or None when it is not added (mode
     ``off``, a GPU the kernels do not support, or already listed).
 
     CUDA (``hip_arch`` None): vLLM's MLA list on a GPU of compute capability ``capability``; ``default``: first on
-    SM 8.x and 11.x, right after :data:`SM120_PEER` on SM 12.x, last elsewhere. ``capability`` is a ``(major,
+    SM 8.x and 11.x, and where :data:`FASTEST_FIRST` names the capability's major, the kv-cache dtype
+    ``kv_cache_dtype`` and at least ``num_heads`` heads per GPU (what vLLM passes to its priority function); right
+    after :data:`SM120_PEER` on SM 12.x, last elsewhere. ``capability`` is a ``(major,
     minor)`` pair of ints (:func:`check_capability`); the old form, the major alone (``policy_index(names, 9)``), raises
     ``ValueError``: which capabilities run is declared per (major, minor).
 
@@ -244,17 +259,21 @@ def policy_index(names: list[str], capability: tuple[int, int] | None, mode: str
     major = capability[0]
     if mode == "first" or major in (8, 11):  # no vLLM 0.33 sparse MLA backend runs on SM 8.x or 11.x (Thor)
         return 0
+    if _fastest_here(capability, num_heads, kv_cache_dtype):
+        return 0
     if major == 12 and SM120_PEER in names:
         return names.index(SM120_PEER) + 1
     return len(names)
 
 
 def place_backend(backends: list, capability: tuple[int, int] | None, mode: str, ours: object, *,
-                  hip_arch: str | None = None) -> list:
+                  hip_arch: str | None = None, num_heads: int | None = None,
+                  kv_cache_dtype: str | None = None) -> list:
     """A copy of ``backends`` (enum members or names) with ``ours`` inserted where :func:`policy_index` says.
-    ``capability`` and ``hip_arch`` as for :func:`policy_index` (on CUDA a bare major raises ``ValueError``)."""
+    The keywords as for :func:`policy_index` (on CUDA a bare major raises ``ValueError``)."""
     backends = list(backends)
-    idx = policy_index([_name(b) for b in backends], capability, mode, hip_arch=hip_arch)
+    idx = policy_index([_name(b) for b in backends], capability, mode, hip_arch=hip_arch, num_heads=num_heads,
+                       kv_cache_dtype=kv_cache_dtype)
     if idx is not None:
         backends.insert(idx, ours)
     return backends
@@ -283,4 +302,9 @@ def policy_sentence(capability: tuple[int, int] | None, mode: str, *, hip_arch: 
         return f"{name} is placed first in vLLM's MLA list on SM {major}.{minor}"
     if major == 12:
         return f"{name} is placed right after {SM120_PEER} on SM {major}.{minor}"
+    first = [f"{kv} caches with at most {heads} heads per GPU" for (m, kv), heads in FASTEST_FIRST.items()
+             if m == major]
+    if first:
+        return (f"{name} is placed first in vLLM's MLA list on SM {major}.{minor} for {', '.join(first)} (measured "
+                f"fastest there), last otherwise (fallback)")
     return f"{name} is placed last in vLLM's MLA list on SM {major}.{minor} (fallback)"

@@ -534,7 +534,8 @@ def evaluate(*, capability: tuple[int, int] | None, shape: ModelShape, tp: int =
                                     kv_cache_dtype=kv_cache_dtype, kv_lora_rank=shape.kv_lora_rank,
                                     qk_rope_head_dim=shape.qk_rope_head_dim, index_topk=shape.index_topk,
                                     heads=shape.num_heads // tp)
-    idx = policy.policy_index([], (major, minor), report["priority_mode"])
+    idx = policy.policy_index([], (major, minor), report["priority_mode"], num_heads=shape.num_heads // tp,
+                              kv_cache_dtype=kv_cache_dtype)
     report["candidates"] = [{"name": policy.BACKEND_NAME, "position": None, "sparse": True,
                              "accepted": not reasons, "reasons": reasons}]
     if idx is None:
