@@ -342,6 +342,39 @@ def test_garbage_indices_stay_in_bounds(fmt, d_qk):
         assert torch.all(out[0] == 0) and torch.all(lse[0] == -math.inf)  # row 0: nothing valid
 
 
+GLUON_MEMCHECK = [("mma2", 16), ("wgmma", 64)]
+
+
+@pytest.mark.memcheck
+@pytest.mark.parametrize("family,H", GLUON_MEMCHECK, ids=[f"{f}-h{h}" for f, h in GLUON_MEMCHECK])
+@pytest.mark.parametrize("fmt,d_qk", [("bf16", 576), ("fp8_ds_mla", 576), ("fp8_ds_mla", 512)])
+def test_gluon_garbage_indices_stay_in_bounds(family, H, fmt, d_qk):
+    """The Gluon kernels (asked for by family) on the setting above: garbage indices, a cache whose last row ends its
+    allocation, every tensor ending its own allocation, NaN wherever they must not read; decode and prefill."""
+    from triton_mla_sparse.capabilities import arch_for_device
+    from triton_mla_sparse.ops.sparse_mla.configs import gluon_supported
+
+    if ON_CPU or not gluon_supported(family, arch_for_device(torch.device(DEV)), fmt):
+        pytest.skip(f"the {family} kernel does not run here")
+    torch.manual_seed(7)
+    nb, bs = 12, 64
+    S = nb * bs
+    T, K = 8, 256
+    stored, _ = encode_cache(random_values(S).reshape(nb, bs, 576)[..., :d_qk], fmt)
+    cache = cache_at_end(stored, row_pad=16, block_pad=48)
+    q = copy_to_end(torch.randn(T, H, d_qk, dtype=QD, device=DEV))
+    idx = copy_to_end(garbage_indices(T, K, S))
+    tl = copy_to_end(torch.tensor([K, K, K, INT32_MAX, K - 5, 0, -3, 1], dtype=torch.int32, device=DEV))
+    sink = copy_to_end(torch.randn(H, device=DEV))
+    for kernel, over in (("decode", {"num_splits": 4}), ("prefill", {})):
+        out = copy_to_end(torch.full((T, H, 512), float("nan"), dtype=QD, device=DEV))
+        out, lse, cfg = run(q, cache, idx, kv_format=fmt, kernel=kernel, out=out, topk_length=tl, attn_sink=sink,
+                            family=family, **over)
+        assert (cfg.kernel, cfg.family) == (kernel, family)
+        compare(out, lse, q, stored.to(DEV), idx, kv_format=fmt, topk_length=tl, attn_sink=sink,
+                what=f"{family} {kernel} {cfg}")
+
+
 @pytest.mark.memcheck
 def test_degenerate_caches_stay_in_bounds():
     """A cache of one slot (ending its allocation) and a cache of no slot at all, with garbage indices."""

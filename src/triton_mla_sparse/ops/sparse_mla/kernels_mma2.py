@@ -13,8 +13,9 @@ written out instead of left to Triton's pipeliner (which waits for every gather 
 * the scores are split over the warps along the tile's rows and the output over the warps along its columns, so no
   warp repeats another's work (Triton gives a 32-head block's scores to every warp);
 * fp8_ds_mla: the raw 656-byte rows (e4m3 latent, float32 tile scales, bf16 RoPE) are gathered as bytes and
-  dequantised once per tile from shared memory into a float16 tile that both dots read, each 128-column chunk
-  divided by its largest scale in the tile (applied back to that chunk's scores and output);
+  dequantised once per tile from shared memory into a bf16 tile of exact values (value × its row's chunk scale)
+  that both dots read; with ``F16_DOT`` (opt-in) into a float16 tile instead, each 128-column chunk divided by its
+  largest scale in the tile (applied back to that chunk's scores and output);
 * ``STAGES = 1``: one buffer, the tile's copies issued at the top of its step and waited for at once (the other
   programs resident on the SM hide the latency).
 

@@ -7,7 +7,7 @@ pay: one operand read serves a whole warpgroup, where mma.sync makes every warp 
 Eight warps form two warpgroups. The scores ``[64, BLOCK_N]`` are split between them along the tile's rows, the
 probabilities go through shared memory (each warpgroup needs all of them), and the output ``[64, 512]`` is split
 along its columns (four ``[64, 128]`` float32 accumulators, 128 registers per thread). fp8_ds_mla rows are
-dequantised once per tile to float16 as in the mma2 kernel.
+dequantised once per tile as in the mma2 kernel (bf16 exact values; float16 in chunk units with ``F16_DOT``).
 """
 
 from __future__ import annotations
