@@ -170,6 +170,129 @@ def _qk_chunk(q_s, k_t, b_s, s_c, C: gl.constexpr, DOT_A: gl.constexpr, DOT_B: g
     return b_s + b_c * s_c
 
 
+@gluon.jit
+def _q_buffers(lt: gl.constexpr, dt: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr):
+    """Shared memory for q's latent part (in the latent dots' dtype ``lt``), q's RoPE part and each stage's RoPE
+    rows."""
+    SH16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    q_s = gl.allocate_shared_memory(lt, [BLOCK_H, LATENT], SH16)
+    qr_s = gl.allocate_shared_memory(dt, [BLOCK_H, ROPE], SH16)
+    rope_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, ROPE], SH16)
+    return q_s, qr_s, rope_s
+
+
+@gluon.jit
+def _tile_buffers(lt: gl.constexpr, dt: gl.constexpr, FMT: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr):
+    """Shared memory for each stage's latent rows as gathered (``raw_s``), fp8_ds_mla's tile scales (``sc_s``) and
+    the tile the dots read (``lat_s``: fp8_ds_mla's dequantised tile; the stages themselves for 16-bit caches)."""
+    SH16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    if FMT == 2:
+        SH8: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        raw_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, LATENT], SH8)
+        sc_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], SH8)
+        lat_s = gl.allocate_shared_memory(lt, [1, BLOCK_N, LATENT], SH16)  # the dequantised tile
+    else:
+        raw_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, LATENT], SH16)
+        sc_s = raw_s  # unused
+        lat_s = raw_s
+    return raw_s, sc_s, lat_s
+
+
+@gluon.jit
+def _q_to_shared(q_nope_ptr, q_pe_ptr, i_t, i_hb, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H, q_s, qr_s,
+                 UNITS: gl.constexpr, HAS_ROPE: gl.constexpr, BLOCK_H: gl.constexpr):
+    """q of this row and head block into shared memory, through registers (any alignment; heads past H read as 0).
+    With ``UNITS`` q's latent part is stored over a power of two >= each head's largest |q| (exact in float16),
+    returned per head for the caller to scale the scores back (1 otherwise)."""
+    G16: gl.constexpr = _gather_layout(8, gl.num_warps())
+    ROW: gl.constexpr = gl.SliceLayout(1, G16)
+    o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, ROW)
+    p_q = q_nope_ptr + i_t * stride_qn_t + o_hq.to(gl.int64)[:, None] * stride_qn_h
+    b_q = gl.load(p_q + gl.arange(0, LATENT, gl.SliceLayout(0, G16))[None, :], mask=(o_hq < H)[:, None], other=0.0)
+    b_qmax = gl.full([BLOCK_H], 1.0, gl.float32, ROW)
+    if UNITS:
+        b_qmax = gl.max(gl.abs(b_q.to(gl.float32)), 1)
+        b_qmax = gl.where(b_qmax > 0, gl.exp2(gl.minimum(gl.ceil(gl.log2(b_qmax)), 127.0)), 1.0)
+        q_s.store((b_q.to(gl.float32) * (1.0 / b_qmax)[:, None]).to(gl.float16))
+    else:
+        q_s.store(b_q)
+    if HAS_ROPE:
+        p_qr = q_pe_ptr + i_t * stride_qp_t + o_hq.to(gl.int64)[:, None] * stride_qp_h
+        qr_s.store(gl.load(p_qr + gl.arange(0, ROPE, gl.SliceLayout(0, G16))[None, :], mask=(o_hq < H)[:, None],
+                           other=0.0))
+    return b_qmax
+
+
+@gluon.jit
+def _row_range(topk_len_ptr, i_t, stride_tl, topk, i_s, split_len, BLOCK_N: gl.constexpr,
+               HAS_TOPK_LEN: gl.constexpr):
+    """This program's part ``[n_start, n_end)`` of the row's list and its number of tiles."""
+    n_row = topk
+    if HAS_TOPK_LEN:
+        n_row = gl.minimum(gl.maximum(gl.load(topk_len_ptr + i_t * stride_tl), 0), topk)
+    n_start = i_s * split_len
+    n_end = gl.minimum(n_start + split_len, n_row)
+    return n_start, n_end, gl.cdiv(n_end - n_start, BLOCK_N)
+
+
+@gluon.jit
+def _prologue(kv_ptr, idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, n_tiles, num_slots, block_size,
+              stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, FMT: gl.constexpr, HAS_ROPE: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Tiles 0 .. STAGES-2 in flight; returns the slot ids of tile STAGES-1."""
+    ROW: gl.constexpr = gl.SliceLayout(1, _gather_layout(8, gl.num_warps()))
+    idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, BLOCK_N, ROW)
+    for u in gl.static_range(STAGES - 1):
+        idx_u = idx_nx
+        idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (u + 1) * BLOCK_N, n_end, BLOCK_N,
+                           ROW)
+        if u < n_tiles:
+            _issue(kv_ptr, idx_u, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, u,
+                   FMT, HAS_ROPE)
+        _ac.commit_group()
+    return idx_nx
+
+
+@gluon.jit
+def _softmax_step(b_s, idx_c, num_slots, qk_scale, b_m, b_l):
+    """One tile of the online softmax (base 2): the scores ``b_s`` of invalid slot ids masked to -inf, then the
+    tile's probabilities, the rescale ``b_alpha`` of what came before, and the running max and sum (a row with no
+    valid entry yet keeps max -inf, sum 0)."""
+    m_n = (idx_c >= 0) & (idx_c < num_slots)
+    b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
+    b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
+    b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_alpha = gl.exp2(b_m - b_m_use)
+    b_p = gl.exp2(b_s - b_m_use[:, None])
+    return b_p, b_alpha, b_m_new, b_l * b_alpha + gl.sum(b_p, 1)
+
+
+@gluon.jit
+def _store_outputs(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s,
+                   stride_l_h, stride_sink, o_h, m_h, o_c, b_inv, b_lse2, b_a0, b_a1, b_a2, b_a3, s_run0, s_run1,
+                   s_run2, s_run3, SPLIT: gl.constexpr, HAS_SINK: gl.constexpr):
+    """Write the four output chunks (times ``b_inv`` and their units ``s_run``) and the lse: a split's partials
+    (log2 lse, for the combine kernel), or the final row with the sink applied (natural-log lse)."""
+    if SPLIT:
+        p_o = out_ptr + i_t * stride_o_t + i_s.to(gl.int64) * stride_o_s + o_h[:, None].to(gl.int64) * stride_o_h
+        gl.store(lse_ptr + i_t * stride_l_t + i_s.to(gl.int64) * stride_l_s + o_h * stride_l_h, b_lse2, mask=m_h)
+    else:
+        if HAS_SINK:
+            b_sink = gl.load(sink_ptr + o_h * stride_sink, mask=m_h, other=0.0)
+            # as in the tl kernel: an empty row stays 0, a -inf sink changes nothing
+            b_inv = gl.where(b_lse2 == float("-inf"), 0.0,
+                             b_inv / (1.0 + gl.exp2(b_sink * 1.4426950408889634 - b_lse2)))
+        p_o = out_ptr + i_t * stride_o_t + o_h[:, None].to(gl.int64) * stride_o_h
+        gl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
+    ty: gl.constexpr = out_ptr.dtype.element_ty
+    gl.store(p_o + (0 * 128 + o_c)[None, :], (b_a0 * (b_inv * s_run0)[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (1 * 128 + o_c)[None, :], (b_a1 * (b_inv * s_run1)[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (2 * 128 + o_c)[None, :], (b_a2 * (b_inv * s_run2)[:, None]).to(ty), mask=m_h[:, None])
+    gl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * (b_inv * s_run3)[:, None]).to(ty), mask=m_h[:, None])
+
+
 @gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len"])
 def _sparse_mla_fwd_mma2(
     q_nope_ptr, q_pe_ptr, kv_ptr, idx_ptr, topk_len_ptr, sink_ptr, k_scale_ptr, out_ptr, lse_ptr,
@@ -193,62 +316,21 @@ def _sparse_mla_fwd_mma2(
     MMA: gl.constexpr = _mma_layout(gl.num_warps())
     DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
-    G16: gl.constexpr = _gather_layout(8, gl.num_warps())
-    ROW: gl.constexpr = gl.SliceLayout(1, G16)
-    SH16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    ROW: gl.constexpr = gl.SliceLayout(1, _gather_layout(8, gl.num_warps()))
 
     # fp8_ds_mla with F16_DOT runs its latent dots in float16 (the tile as _dequant_tile leaves it, q over a power of
     # two, each chunk's output in units of its tile scale); without, on tiles of exact values in q's dtype
     UNITS: gl.constexpr = F16_DOT if FMT == 2 else False
     lt: gl.constexpr = gl.float16 if UNITS else dt
-    q_s = gl.allocate_shared_memory(lt, [BLOCK_H, LATENT], SH16)
-    qr_s = gl.allocate_shared_memory(dt, [BLOCK_H, ROPE], SH16)
-    rope_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, ROPE], SH16)
-    if FMT == 2:
-        SH8: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        raw_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, LATENT], SH8)
-        sc_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], SH8)
-        lat_s = gl.allocate_shared_memory(lt, [1, BLOCK_N, LATENT], SH16)  # the dequantised tile
-    else:
-        raw_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, LATENT], SH16)
-        sc_s = raw_s  # unused
-        lat_s = raw_s
-
-    # q of this row and head block into shared memory, through registers (any alignment; heads past H read as 0).
-    o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, ROW)
-    p_q = q_nope_ptr + i_t * stride_qn_t + o_hq.to(gl.int64)[:, None] * stride_qn_h
-    b_q = gl.load(p_q + gl.arange(0, LATENT, gl.SliceLayout(0, G16))[None, :], mask=(o_hq < H)[:, None], other=0.0)
+    q_s, qr_s, rope_s = _q_buffers(lt, dt, BLOCK_H, BLOCK_N, STAGES)
+    raw_s, sc_s, lat_s = _tile_buffers(lt, dt, FMT, BLOCK_N, STAGES)
+    b_qmax = _q_to_shared(q_nope_ptr, q_pe_ptr, i_t, i_hb, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H,
+                          q_s, qr_s, UNITS, HAS_ROPE, BLOCK_H)
     if UNITS:
-        # a power of two >= each head's largest |q|: q / b_qmax is exact in float16, the scores are scaled back
-        b_qmax = gl.max(gl.abs(b_q.to(gl.float32)), 1)
-        b_qmax = gl.where(b_qmax > 0, gl.exp2(gl.minimum(gl.ceil(gl.log2(b_qmax)), 127.0)), 1.0)
-        q_s.store((b_q.to(gl.float32) * (1.0 / b_qmax)[:, None]).to(gl.float16))
-        b_qmax = gl.convert_layout(b_qmax, gl.SliceLayout(1, _mma_layout(gl.num_warps())))
-    else:
-        q_s.store(b_q)
-    if HAS_ROPE:
-        p_qr = q_pe_ptr + i_t * stride_qp_t + o_hq.to(gl.int64)[:, None] * stride_qp_h
-        qr_s.store(gl.load(p_qr + gl.arange(0, ROPE, gl.SliceLayout(0, G16))[None, :], mask=(o_hq < H)[:, None],
-                           other=0.0))
-
-    # This program's part of the row's list.
-    n_row = topk
-    if HAS_TOPK_LEN:
-        n_row = gl.minimum(gl.maximum(gl.load(topk_len_ptr + i_t * stride_tl), 0), topk)
-    n_start = i_s * split_len
-    n_end = gl.minimum(n_start + split_len, n_row)
-    n_tiles = gl.cdiv(n_end - n_start, BLOCK_N)
-
-    # Prologue: tiles 0 .. STAGES-2 in flight, the slot ids of tile STAGES-1 loaded.
-    idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, BLOCK_N, ROW)
-    for u in gl.static_range(STAGES - 1):
-        idx_u = idx_nx
-        idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (u + 1) * BLOCK_N, n_end, BLOCK_N,
-                           ROW)
-        if u < n_tiles:
-            _issue(kv_ptr, idx_u, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, u,
-                   FMT, HAS_ROPE)
-        _ac.commit_group()
+        b_qmax = gl.convert_layout(b_qmax, gl.SliceLayout(1, MMA))
+    n_start, n_end, n_tiles = _row_range(topk_len_ptr, i_t, stride_tl, topk, i_s, split_len, BLOCK_N, HAS_TOPK_LEN)
+    idx_nx = _prologue(kv_ptr, idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, n_tiles, num_slots,
+                       block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, FMT, HAS_ROPE, BLOCK_N, STAGES)
 
     o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, MMA))
     m_h = o_h < H
@@ -320,14 +402,7 @@ def _sparse_mla_fwd_mma2(
         if STAGES == 1:
             idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N,
                               gl.SliceLayout(0, MMA))
-        m_n = (idx_c >= 0) & (idx_c < num_slots)
-        b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
-        b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
-        b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-        b_alpha = gl.exp2(b_m - b_m_use)
-        b_p = gl.exp2(b_s - b_m_use[:, None])
-        b_l = b_l * b_alpha + gl.sum(b_p, 1)
-        b_m = b_m_new
+        b_p, b_alpha, b_m, b_l = _softmax_step(b_s, idx_c, num_slots, qk_scale, b_m, b_l)
         b_pa = gl.convert_layout(b_p.to(lt), DOT_A)
         if UNITS:  # each accumulator moves to the units of its chunk's scale in this tile
             b_a0 = ampere.mma_v2(b_pa, k_t.slice(0 * 128, 128, dim=1).load(DOT_B),
@@ -352,22 +427,9 @@ def _sparse_mla_fwd_mma2(
     # Normalise; an empty range (no valid entry) gives 0 and lse -inf.
     b_inv = gl.where(b_l > 0, 1.0 / b_l, 0.0)
     b_lse2 = gl.where(b_l > 0, b_m + gl.log2(b_l), float("-inf"))
-    if SPLIT:
-        p_o = out_ptr + i_t * stride_o_t + i_s.to(gl.int64) * stride_o_s + o_h[:, None].to(gl.int64) * stride_o_h
-        gl.store(lse_ptr + i_t * stride_l_t + i_s.to(gl.int64) * stride_l_s + o_h * stride_l_h, b_lse2, mask=m_h)
-    else:
-        if HAS_SINK:
-            b_sink = gl.load(sink_ptr + o_h * stride_sink, mask=m_h, other=0.0)
-            # as in the tl kernel: an empty row stays 0, a -inf sink changes nothing
-            b_inv = gl.where(b_lse2 == float("-inf"), 0.0,
-                             b_inv / (1.0 + gl.exp2(b_sink * 1.4426950408889634 - b_lse2)))
-        p_o = out_ptr + i_t * stride_o_t + o_h[:, None].to(gl.int64) * stride_o_h
-        gl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
-    ty: gl.constexpr = out_ptr.dtype.element_ty
-    gl.store(p_o + (0 * 128 + o_c)[None, :], (b_a0 * (b_inv * s_run0)[:, None]).to(ty), mask=m_h[:, None])
-    gl.store(p_o + (1 * 128 + o_c)[None, :], (b_a1 * (b_inv * s_run1)[:, None]).to(ty), mask=m_h[:, None])
-    gl.store(p_o + (2 * 128 + o_c)[None, :], (b_a2 * (b_inv * s_run2)[:, None]).to(ty), mask=m_h[:, None])
-    gl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * (b_inv * s_run3)[:, None]).to(ty), mask=m_h[:, None])
+    _store_outputs(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s,
+                   stride_l_h, stride_sink, o_h, m_h, o_c, b_inv, b_lse2, b_a0, b_a1, b_a2, b_a3, s_run0, s_run1,
+                   s_run2, s_run3, SPLIT, HAS_SINK)
 
 
 launch_fwd_mma2 = CachedLauncher(_sparse_mla_fwd_mma2)

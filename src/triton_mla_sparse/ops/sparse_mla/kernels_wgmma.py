@@ -19,8 +19,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as _ac
 from triton.runtime.jit import constexpr_function
 
 from ..._common.launch import CachedLauncher
-from .kernels_mma2 import (LATENT, ROPE, _barrier, _chunk_scales, _dequant_tile, _dequant_tile_exact, _gather_layout,
-                           _issue, _load_idx)
+from .kernels_mma2 import (LATENT, _barrier, _chunk_scales, _dequant_tile, _dequant_tile_exact, _gather_layout, _issue,
+                           _load_idx, _prologue, _q_buffers, _q_to_shared, _row_range, _softmax_step, _store_outputs,
+                           _tile_buffers)
 
 
 @constexpr_function
@@ -72,55 +73,18 @@ def _sparse_mla_fwd_wgmma(
 
     S_L: gl.constexpr = _wg_layout(BLOCK_N)
     O_L: gl.constexpr = _wg_layout(128)
-    G16: gl.constexpr = _gather_layout(8, gl.num_warps())
-    ROW: gl.constexpr = gl.SliceLayout(1, G16)
-    SH16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    ROW: gl.constexpr = gl.SliceLayout(1, _gather_layout(8, gl.num_warps()))
 
-    q_s = gl.allocate_shared_memory(lt, [BLOCK_H, LATENT], SH16)
-    qr_s = gl.allocate_shared_memory(dt, [BLOCK_H, ROPE], SH16)
-    rope_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, ROPE], SH16)
+    q_s, qr_s, rope_s = _q_buffers(lt, dt, BLOCK_H, BLOCK_N, STAGES)
     p_s = gl.allocate_shared_memory(lt, [BLOCK_H, BLOCK_N], _p_layout(BLOCK_H, BLOCK_N, lt))
-    if FMT == 2:
-        SH8: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        raw_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, LATENT], SH8)
-        sc_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], SH8)
-        lat_s = gl.allocate_shared_memory(lt, [1, BLOCK_N, LATENT], SH16)
-    else:
-        raw_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, LATENT], SH16)
-        sc_s = raw_s  # unused
-        lat_s = raw_s
-
-    o_hq = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, ROW)
-    p_q = q_nope_ptr + i_t * stride_qn_t + o_hq.to(gl.int64)[:, None] * stride_qn_h
-    b_q = gl.load(p_q + gl.arange(0, LATENT, gl.SliceLayout(0, G16))[None, :], mask=(o_hq < H)[:, None], other=0.0)
+    raw_s, sc_s, lat_s = _tile_buffers(lt, dt, FMT, BLOCK_N, STAGES)
+    b_qmax = _q_to_shared(q_nope_ptr, q_pe_ptr, i_t, i_hb, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H,
+                          q_s, qr_s, UNITS, HAS_ROPE, BLOCK_H)
     if UNITS:
-        b_qmax = gl.max(gl.abs(b_q.to(gl.float32)), 1)
-        b_qmax = gl.where(b_qmax > 0, gl.exp2(gl.minimum(gl.ceil(gl.log2(b_qmax)), 127.0)), 1.0)
-        q_s.store((b_q.to(gl.float32) * (1.0 / b_qmax)[:, None]).to(gl.float16))
         b_qmax = gl.convert_layout(b_qmax, gl.SliceLayout(1, S_L))
-    else:
-        q_s.store(b_q)
-    if HAS_ROPE:
-        p_qr = q_pe_ptr + i_t * stride_qp_t + o_hq.to(gl.int64)[:, None] * stride_qp_h
-        qr_s.store(gl.load(p_qr + gl.arange(0, ROPE, gl.SliceLayout(0, G16))[None, :], mask=(o_hq < H)[:, None],
-                           other=0.0))
-
-    n_row = topk
-    if HAS_TOPK_LEN:
-        n_row = gl.minimum(gl.maximum(gl.load(topk_len_ptr + i_t * stride_tl), 0), topk)
-    n_start = i_s * split_len
-    n_end = gl.minimum(n_start + split_len, n_row)
-    n_tiles = gl.cdiv(n_end - n_start, BLOCK_N)
-
-    idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, BLOCK_N, ROW)
-    for u in gl.static_range(STAGES - 1):
-        idx_u = idx_nx
-        idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (u + 1) * BLOCK_N, n_end, BLOCK_N,
-                           ROW)
-        if u < n_tiles:
-            _issue(kv_ptr, idx_u, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, u,
-                   FMT, HAS_ROPE)
-        _ac.commit_group()
+    n_start, n_end, n_tiles = _row_range(topk_len_ptr, i_t, stride_tl, topk, i_s, split_len, BLOCK_N, HAS_TOPK_LEN)
+    idx_nx = _prologue(kv_ptr, idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, n_tiles, num_slots,
+                       block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, FMT, HAS_ROPE, BLOCK_N, STAGES)
 
     o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_L))
     m_h = o_h < H
@@ -183,14 +147,7 @@ def _sparse_mla_fwd_wgmma(
         # here, not at the top of the step, so they hold no registers across the dots)
         idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N,
                           gl.SliceLayout(0, S_L))
-        m_n = (idx_c >= 0) & (idx_c < num_slots)
-        b_s = gl.where(m_n[None, :], b_s * qk_scale, float("-inf"))
-        b_m_new = gl.maximum(b_m, gl.max(b_s, 1))
-        b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-        b_alpha = gl.exp2(b_m - b_m_use)
-        b_p = gl.exp2(b_s - b_m_use[:, None])
-        b_l = b_l * b_alpha + gl.sum(b_p, 1)
-        b_m = b_m_new
+        b_p, b_alpha, b_m, b_l = _softmax_step(b_s, idx_c, num_slots, qk_scale, b_m, b_l)
         p_s.store(b_p.to(lt))
         hopper.fence_async_shared()
         _barrier()  # both warpgroups' probabilities in place
@@ -215,21 +172,9 @@ def _sparse_mla_fwd_wgmma(
     b_lse2 = gl.where(b_l > 0, b_m + gl.log2(b_l), float("-inf"))
     b_inv = gl.convert_layout(b_inv, gl.SliceLayout(1, O_L))
     b_lse2 = gl.convert_layout(b_lse2, gl.SliceLayout(1, O_L))
-    if SPLIT:
-        p_o = out_ptr + i_t * stride_o_t + i_s.to(gl.int64) * stride_o_s + o_h[:, None].to(gl.int64) * stride_o_h
-        gl.store(lse_ptr + i_t * stride_l_t + i_s.to(gl.int64) * stride_l_s + o_h * stride_l_h, b_lse2, mask=m_h)
-    else:
-        if HAS_SINK:
-            b_sink = gl.load(sink_ptr + o_h * stride_sink, mask=m_h, other=0.0)
-            b_inv = gl.where(b_lse2 == float("-inf"), 0.0,
-                             b_inv / (1.0 + gl.exp2(b_sink * 1.4426950408889634 - b_lse2)))
-        p_o = out_ptr + i_t * stride_o_t + o_h[:, None].to(gl.int64) * stride_o_h
-        gl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
-    ty: gl.constexpr = out_ptr.dtype.element_ty
-    gl.store(p_o + (0 * 128 + o_c)[None, :], (b_a0 * (b_inv * s_run0)[:, None]).to(ty), mask=m_h[:, None])
-    gl.store(p_o + (1 * 128 + o_c)[None, :], (b_a1 * (b_inv * s_run1)[:, None]).to(ty), mask=m_h[:, None])
-    gl.store(p_o + (2 * 128 + o_c)[None, :], (b_a2 * (b_inv * s_run2)[:, None]).to(ty), mask=m_h[:, None])
-    gl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * (b_inv * s_run3)[:, None]).to(ty), mask=m_h[:, None])
+    _store_outputs(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s,
+                   stride_l_h, stride_sink, o_h, m_h, o_c, b_inv, b_lse2, b_a0, b_a1, b_a2, b_a3, s_run0, s_run1,
+                   s_run2, s_run3, SPLIT, HAS_SINK)
 
 
 launch_fwd_wgmma = CachedLauncher(_sparse_mla_fwd_wgmma)
