@@ -34,7 +34,7 @@ one-buffer)  # STAGES=1: the other resident programs hide a tile's latency
     run one-buffer --cases decode_h8,decode_h16,decode_h16_b256,prefill_h8,prefill_h16 --formats bf16,fp8_ds_mla \
         --configs "[$TL, $(m 16 32 4 2 1), $(m 16 32 4 3 1), $(m 16 32 4 1 4), $(m 16 32 4 1 2), $(m 16 32 4 1 3), \
 $(m 16 64 4 1 2)]" ;;
-fp8)  # fp8_ds_mla: float16 tiles in units of each chunk's scale (f16_dot, the table's) against bf16 exact tiles
+fp8)  # fp8_ds_mla: float16 tiles in units of each chunk's scale (f16_dot, opt-in) against bf16 exact tiles (the table's)
     x() { echo "$1" | sed "s/}\$/, \"f16_dot\": $2}/"; }
     run fp8 --cases decode_h8,decode_h16,decode_h64,decode_h128,prefill_h16,prefill_h128 --formats fp8_ds_mla \
         --configs "[$TL, $(x "$(m 16 32 4 3 1)" true), $(x "$(m 16 32 4 3 1)" false), $(x "$(m 16 32 4 2 1)" false), \

@@ -31,22 +31,6 @@ def _skip_unless_supported(fmt: str, family: str = "mma2"):
         pytest.skip(f"the {family} kernel does not run on {arch.name if arch else DEV}")
 
 
-@pytest.fixture
-def gluon_launches(monkeypatch):
-    """Counts the launches of each Gluon kernel (launch_sparse_mla may fall back to the tl kernel silently)."""
-    from triton_mla_sparse.ops.sparse_mla import kernels_mma2, kernels_wgmma
-
-    counts = {"mma2": 0, "wgmma": 0}
-    for family, mod, name in (("mma2", kernels_mma2, "launch_fwd_mma2"), ("wgmma", kernels_wgmma, "launch_fwd_wgmma")):
-        real = getattr(mod, name)
-
-        def counted(*args, _real=real, _family=family, **kwargs):
-            counts[_family] += 1
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(mod, name, counted)
-    return counts
-
 
 # fp8_ds_mla both ways: float16 tiles in units of each chunk's scale (f16_dot, opt-in) and bf16 exact tiles (the table's)
 FORMATS = [("bf16", False), ("fp16", False), ("fp8_ds_mla_pow2", True), ("fp8_ds_mla_fp32", True),
@@ -120,26 +104,45 @@ def test_gluon_and_tl_agree(pool, fmt, family, heads):
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_fp32"])
-@pytest.mark.parametrize("stages,cap", [(1, 128), (3, 168)])
-def test_gluon_register_cap(pool, fmt, stages, cap):
-    """``max_registers`` (ptxas maxnreg) reaches the mma2 build, which uses at most the cap and still matches the
-    reference."""
-    from triton_mla_sparse.ops.sparse_mla.kernels_mma2 import launch_fwd_mma2
+@pytest.mark.parametrize("stages,cap", [(2, 168), (3, 168)])
+def test_gluon_register_cap(pool, gluon_launches, fmt, stages, cap):
+    """``max_registers`` (ptxas maxnreg) reaches the mma2 build: the uncapped build of these shapes takes more
+    registers than the cap, the capped one at most the cap, and both match the reference."""
+    from triton_mla_sparse._common import launch
+    from triton_mla_sparse.ops.sparse_mla.kernels import _FMT_CODES
+    from triton_mla_sparse.ops.sparse_mla.kernels_mma2 import _sparse_mla_fwd_mma2
 
+    if not launch._ENABLED:
+        pytest.skip("TRITON_MLA_SPARSE_FAST_LAUNCH=0: no launcher cache to read the builds from")
     _skip_unless_supported(fmt)
     torch.manual_seed(78)
     T, H = ROWS[64], 16
     c = pool.caches[fmt]
     q = make_q(T, H, c.q_dtype)
     idx = make_indices(pool, T)
-    out, lse, cfg = sparse_mla_attention_with_config(q, c.tensor, idx, SCALE, kv_format=c.kv_format, return_lse=True,
-                                                     return_config=True, family="mma2", num_stages=stages,
-                                                     max_registers=cap)
-    assert (cfg.family, cfg.max_registers) == ("mma2", cap)
-    check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format)
-    # the launcher's key holds the launch options: the build made with this cap
-    regs = [k.n_regs for key, k in launch_fwd_mma2.cache.items() if ("maxnreg", cap) in key[4]]
-    assert regs and max(regs) <= cap
+    regs = {}
+    for reg in (None, cap):
+        out, lse, cfg = sparse_mla_attention_with_config(q, c.tensor, idx, SCALE, kv_format=c.kv_format,
+                                                         return_lse=True, return_config=True, family="mma2",
+                                                         num_stages=stages, max_registers=reg)
+        assert (cfg.family, cfg.max_registers) == ("mma2", reg)
+        check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format)
+        # the launcher's key holds the launch options: the builds made with this cap (or without one)
+        opts = () if reg is None else (("maxnreg", reg),)
+        want = dict(FMT=_FMT_CODES[c.kv_format], BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, STAGES=stages)
+        regs[reg] = [k.n_regs for key, k in _launcher_cache(_sparse_mla_fwd_mma2).items()
+                     if key[4] == opts and all(dict(zip(key[0], key[1])).get(n) == v for n, v in want.items())]
+    assert gluon_launches["mma2"] == 2
+    assert regs[cap] and max(regs[cap]) <= cap < min(regs[None]), regs
+
+
+def _launcher_cache(fn):
+    from triton_mla_sparse.ops.sparse_mla import kernels_mma2
+
+    launcher = kernels_mma2.launch_fwd_mma2
+    launcher = getattr(launcher, "__wrapped_launcher__", launcher)
+    assert launcher.kernel is fn
+    return launcher.cache
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
@@ -158,9 +161,10 @@ def test_gluon_cache_rows_off_16_bytes_run_the_tl_kernel(pool, gluon_launches, f
     q = make_q(T, H, c.q_dtype)
     idx = make_indices(pool, T)
     out = torch.full((T, H, 512), float("nan"), dtype=c.q_dtype, device=DEV)
-    _, lse = sparse_mla_attention_with_config(q, cache, idx, SCALE, kv_format=c.kv_format, out=out,
-                                              return_lse=True, family=family)
+    _, lse, cfg = sparse_mla_attention_with_config(q, cache, idx, SCALE, kv_format=c.kv_format, out=out,
+                                                   return_lse=True, return_config=True, family=family)
     assert sum(gluon_launches.values()) == 0
+    assert cfg.family == "tl" and cfg.block_h <= 32  # the tl kernel's own entry, not the Gluon sizes
     check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format)
 
 

@@ -348,7 +348,7 @@ GLUON_MEMCHECK = [("mma2", 16), ("wgmma", 64)]
 @pytest.mark.memcheck
 @pytest.mark.parametrize("family,H", GLUON_MEMCHECK, ids=[f"{f}-h{h}" for f, h in GLUON_MEMCHECK])
 @pytest.mark.parametrize("fmt,d_qk", [("bf16", 576), ("fp8_ds_mla", 576), ("fp8_ds_mla", 512)])
-def test_gluon_garbage_indices_stay_in_bounds(family, H, fmt, d_qk):
+def test_gluon_garbage_indices_stay_in_bounds(gluon_launches, family, H, fmt, d_qk):
     """The Gluon kernels (asked for by family) on the setting above: garbage indices, a cache whose last row ends its
     allocation, every tensor ending its own allocation, NaN wherever they must not read; decode and prefill."""
     from triton_mla_sparse.capabilities import arch_for_device
@@ -366,11 +366,11 @@ def test_gluon_garbage_indices_stay_in_bounds(family, H, fmt, d_qk):
     idx = copy_to_end(garbage_indices(T, K, S))
     tl = copy_to_end(torch.tensor([K, K, K, INT32_MAX, K - 5, 0, -3, 1], dtype=torch.int32, device=DEV))
     sink = copy_to_end(torch.randn(H, device=DEV))
-    for kernel, over in (("decode", {"num_splits": 4}), ("prefill", {})):
+    for n, (kernel, over) in enumerate((("decode", {"num_splits": 4}), ("prefill", {}))):
         out = copy_to_end(torch.full((T, H, 512), float("nan"), dtype=QD, device=DEV))
         out, lse, cfg = run(q, cache, idx, kv_format=fmt, kernel=kernel, out=out, topk_length=tl, attn_sink=sink,
                             family=family, **over)
-        assert (cfg.kernel, cfg.family) == (kernel, family)
+        assert (cfg.kernel, cfg.family, gluon_launches[family]) == (kernel, family, n + 1)  # no silent tl fallback
         compare(out, lse, q, stored.to(DEV), idx, kv_format=fmt, topk_length=tl, attn_sink=sink,
                 what=f"{family} {kernel} {cfg}")
 

@@ -58,6 +58,7 @@ def run_info(arch_name: str | None = None) -> int:
             stages = f"s{launch.num_stages}" + (f"/prefill s{launch.prefill_stages}" if launch.prefill_stages else "")
             bn = f"bn{launch.block_n}" + (f"/prefill bn{launch.prefill_block_n}" if launch.prefill_block_n else "")
             flags = "".join(f" +{k}" for k in ("low_reg", "f16_dot") if getattr(launch, k))
+            flags += f" reg{launch.max_registers}" if launch.max_registers is not None else ""
             cells.append(f"{cc}: {launch.family} bh{launch.block_h} {bn} w{launch.num_warps} {stages} "
                          f"x{launch.programs_per_sm}{flags}")
         print(f"  H<={hc if hc < 64 else MAX_HEADS:3d}  " + " | ".join(cells))

@@ -254,6 +254,9 @@ def test_policy_index_pure():
     assert policy.policy_index(["A", "B"], (9, 0), kv_cache_dtype="fp8_ds_mla") == 2  # heads unknown
     assert policy.policy_index(["A", "B"], (10, 0), num_heads=16, kv_cache_dtype="fp8_ds_mla") == 2
     assert policy.policy_index(["A", "B"], (9, 0), "off", num_heads=16, kv_cache_dtype="fp8_ds_mla") is None
+    assert "first in vLLM's MLA list on SM 9.0 for fp8_ds_mla caches with at most 16 heads" in \
+        policy.policy_sentence((9, 0), "default")
+    assert policy.policy_sentence((10, 0), "default").endswith("(fallback)")
     assert policy.policy_index(["A", "B"], (10, 0)) == 2
     assert policy.policy_index(["A", "B"], (10, 3)) == 2
     assert policy.policy_index(["A", "B"], (11, 0)) == 0  # Jetson Thor: no vLLM sparse MLA backend runs there

@@ -130,6 +130,24 @@ def test_vllm_sm90_fp8_ds_mla_first_up_to_16_heads(cuda_platform_module, tp, fir
     assert r["selected"] == "FLASH_ATTN_MLA_SPARSE"
 
 
+@pytest.mark.parametrize("dcp,first", [(1, True), (2, False), (8, False)])
+def test_vllm_sm90_fp8_ds_mla_counts_the_dcp_group(cuda_platform_module, dcp, first):
+    """Under decode context parallelism vLLM gathers q over the DCP group, so the kernels see dcp x the 16 heads
+    per GPU of DeepSeek-V3.2 at TP 8: ours first only without it (the priority hook reads vLLM's current config)."""
+    r = evaluate(capability=(9, 0), shape=MODELS["dsv32"], tp=8, dcp=dcp, kv_cache_dtype="fp8_ds_mla")
+    assert r["validation"] == "vllm" and r["dcp"] == dcp
+    names = [c["name"] for c in r["candidates"]]
+    assert (names[0] == "TRITON_MLA_SPARSE") is first and (names[-1] == "TRITON_MLA_SPARSE") is not first
+    r = evaluate(capability=(9, 0), shape=MODELS["dsv32"], tp=8, dcp=dcp, kv_cache_dtype="fp8_ds_mla",
+                 use_vllm=False)
+    assert r["validation"] == "declarations"
+
+
+def test_evaluate_rejects_a_dcp_that_does_not_divide_tp():
+    with pytest.raises(ValueError, match="--dcp"):
+        evaluate(capability=(9, 0), shape=MODELS["dsv32"], tp=8, dcp=3)
+
+
 def test_vllm_selection_kv_dtype_canonicalisation(cuda_platform_module):
     """vLLM turns fp8 into fp8_ds_mla only for FLASHMLA_SPARSE / FLASHINFER_MLA_SPARSE_SM120; ours keeps per-tensor
     fp8 (the kv-cache-dtype note of the README)."""

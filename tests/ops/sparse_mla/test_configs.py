@@ -180,10 +180,40 @@ def test_the_gpu_tier_shapes_are_buildable(on_gpu):
                 assert (cfg.family, cfg.block_h, cfg.block_n) == (family, block_h, block_n)
 
 
-@pytest.mark.parametrize("bad", [100, 16, 256, 128.0, "128"])
+@pytest.mark.parametrize("bad", [16, 256, 128.0, "128", True])
 def test_max_registers_is_checked(on_gpu, bad):
     with pytest.raises(ValueError, match="max_registers"):
         choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["sm90"], max_registers=bad)
+
+
+def test_max_registers_is_nvidia_only(on_gpu):
+    """ptxas's cap has no ROCm equivalent (Triton's HIP options reject maxnreg): refused up front there."""
+    assert choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["sm90"], max_registers=255).max_registers \
+        == 255
+    with pytest.raises(ValueError, match="max_registers.*gfx942"):
+        choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["gfx942"], max_registers=128)
+
+
+def test_gluon_reads_problem():
+    """What the API checks before choosing: aligned bf16 rows read in q's dtype and fp8_ds_mla rows with bf16 q
+    are the Gluon kernels'; rows off 16 elements, converted rows and fp16 q with fp8_ds_mla are not."""
+    from triton_mla_sparse.ops.sparse_mla.api import check_attention_inputs
+    from triton_mla_sparse.ops.sparse_mla.kernels import gluon_reads_problem
+    from triton_mla_sparse.testing import encode_cache
+
+    idx = torch.zeros(2, 64, dtype=torch.int32)
+    q16, qbf = torch.randn(2, 16, 576, dtype=torch.float16), torch.randn(2, 16, 576, dtype=torch.bfloat16)
+    values = torch.randn(4, 64, 576)
+    bf16 = values.to(torch.bfloat16)
+    ds, _ = encode_cache(values, "fp8_ds_mla")
+
+    def reads(q, kv, fmt=None):
+        return gluon_reads_problem(check_attention_inputs(q, kv, idx, 0.1, kv_format=fmt))
+
+    assert reads(qbf, bf16) and reads(qbf, ds, "fp8_ds_mla")
+    assert not reads(qbf, torch.zeros(4, 64, 584, dtype=torch.bfloat16)[..., :576])  # row stride 584: not 16 x k
+    assert not reads(q16, bf16)  # a bf16 cache read as fp16
+    assert not reads(q16, ds, "fp8_ds_mla")
 
 
 def test_max_registers_from_the_table_and_overrides(on_gpu, monkeypatch):

@@ -148,18 +148,21 @@ def _platform_module(name: str) -> ModuleType | None:
     return importlib.import_module(f"vllm.platforms.{name}")
 
 
+def _dcp_size() -> int:
+    """Decode context parallelism of the vLLM config being built: its MLA layers gather q over the DCP group, so
+    the kernels see ``num_heads`` (the per-rank count vLLM passes to the priority function) × this many heads."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    return max(1, int(getattr(getattr(config, "parallel_config", None), "decode_context_parallel_size", 1) or 1))
+
+
 def _make_wrapper(original: Callable) -> Callable:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    def _get_backend_priorities(
-        use_mla,
-        device_capability,
-        num_heads=None,
-        kv_cache_dtype=None,
-        use_non_causal=False,
-        head_size=None,
-        use_mm_prefix=False,
-    ):
+    @functools.cache
+    def _priorities(use_mla, device_capability, num_heads, kv_cache_dtype, use_non_causal, head_size, use_mm_prefix,
+                    dcp):
         backends = original(
             use_mla,
             device_capability,
@@ -172,21 +175,32 @@ def _make_wrapper(original: Callable) -> Callable:
         if not use_mla:
             return backends
         ours = AttentionBackendEnum[BACKEND_NAME]
+        heads = num_heads * dcp if num_heads is not None else None
         return place_backend(backends, (device_capability.major, device_capability.minor), priority_mode(), ours,
-                             num_heads=num_heads, kv_cache_dtype=kv_cache_dtype)
+                             num_heads=heads, kv_cache_dtype=kv_cache_dtype)
 
-    functools.update_wrapper(_get_backend_priorities, original)
-    cached = functools.cache(_get_backend_priorities)
-    own_clear = cached.cache_clear
+    def _get_backend_priorities(
+        use_mla,
+        device_capability,
+        num_heads=None,
+        kv_cache_dtype=None,
+        use_non_causal=False,
+        head_size=None,
+        use_mm_prefix=False,
+    ):
+        return _priorities(use_mla, device_capability, num_heads, kv_cache_dtype, use_non_causal, head_size,
+                           use_mm_prefix, _dcp_size())
 
     def cache_clear() -> None:
-        own_clear()
+        _priorities.cache_clear()
         original.cache_clear()
 
-    cached.cache_clear = cache_clear
-    cached.__wrapped__ = original
-    setattr(cached, _WRAPPED_MARK, True)
-    return cached
+    functools.update_wrapper(_get_backend_priorities, original)
+    _get_backend_priorities.cache_clear = cache_clear
+    _get_backend_priorities.cache_info = _priorities.cache_info  # the functools.cache interface vLLM's function has
+    _get_backend_priorities.__wrapped__ = original
+    setattr(_get_backend_priorities, _WRAPPED_MARK, True)
+    return _get_backend_priorities
 
 
 def _make_rocm_wrapper(original: Callable, module: ModuleType) -> Callable:

@@ -235,8 +235,8 @@ def policy_index(names: list[str], capability: tuple[int, int] | None, mode: str
     ``off``, a GPU the kernels do not support, or already listed).
 
     CUDA (``hip_arch`` None): vLLM's MLA list on a GPU of compute capability ``capability``; ``default``: first on
-    SM 8.x and 11.x, and where :data:`FASTEST_FIRST` names the capability's major, the kv-cache dtype
-    ``kv_cache_dtype`` and at least ``num_heads`` heads per GPU (what vLLM passes to its priority function); right
+    SM 8.x and 11.x, and where :data:`FASTEST_FIRST` has the capability's major and ``kv_cache_dtype`` with
+    ``num_heads`` (the heads each GPU's kernels see) at most its limit (``num_heads`` None never qualifies); right
     after :data:`SM120_PEER` on SM 12.x, last elsewhere. ``capability`` is a ``(major,
     minor)`` pair of ints (:func:`check_capability`); the old form, the major alone (``policy_index(names, 9)``), raises
     ``ValueError``: which capabilities run is declared per (major, minor).

@@ -351,7 +351,7 @@ def _model_config(shape: ModelShape, dtype: str, tmp: str) -> Any:
 
 
 def _evaluate_vllm(report: dict, shape: ModelShape, major: int, minor: int, simulate: bool, tp: int, dtype: str,
-                   kv_cache_dtype: str, block_size: int | None) -> None:
+                   kv_cache_dtype: str, block_size: int | None, dcp: int = 1) -> None:
     import torch
 
     try:
@@ -377,7 +377,7 @@ def _evaluate_vllm(report: dict, shape: ModelShape, major: int, minor: int, simu
     cap = DeviceCapability(major, minor)
     heads = shape.num_heads // tp
     with _cuda_platform_for(cuda_mod, major, minor, simulate) as platform, tempfile.TemporaryDirectory() as tmp:
-        vllm_config = _vllm_config(shape, dtype, tp, kv_cache_dtype, block_size, tmp)
+        vllm_config = _vllm_config(shape, dtype, tp, kv_cache_dtype, block_size, tmp, dcp)
         with set_current_vllm_config(vllm_config):
             selector = AttentionSelectorConfig(
                 head_size=shape.head_size,
@@ -432,7 +432,7 @@ def _fill_selection(report: dict, order: list, valid: list, invalid: dict, kv_ca
 
 
 def _vllm_config(shape: ModelShape, dtype: str, tp: int, kv_cache_dtype: str, block_size: int | None,
-                 tmp: str) -> Any:
+                 tmp: str, dcp: int = 1) -> Any:
     from vllm.config import CacheConfig, VllmConfig
 
     cache_kwargs = {"cache_dtype": kv_cache_dtype}
@@ -441,6 +441,7 @@ def _vllm_config(shape: ModelShape, dtype: str, tp: int, kv_cache_dtype: str, bl
     vllm_config = VllmConfig(model_config=_model_config(shape, dtype, tmp), cache_config=CacheConfig(**cache_kwargs))
     # Set after construction: ParallelConfig checks TP against this host's GPU count, which is not the target.
     vllm_config.parallel_config.tensor_parallel_size = tp
+    vllm_config.parallel_config.decode_context_parallel_size = dcp
     return vllm_config
 
 
@@ -501,10 +502,14 @@ def _local_hip_arch() -> str | None:
 
 def evaluate(*, capability: tuple[int, int] | None, shape: ModelShape, tp: int = 1, dtype: str = "bfloat16",
              kv_cache_dtype: str = "auto", block_size: int | None = None, use_vllm: bool = True,
-             hip_arch: str | None = None) -> dict:
+             hip_arch: str | None = None, dcp: int = 1) -> dict:
     """The selection report for one configuration (see the module docstring); ``capability=None``: this GPU.
     ``hip_arch``: a ROCm gfx name to evaluate instead (``capability`` is then ignored); the report then also has
-    ``hip_arch`` and ``indexer`` (the DSA indexer route: ``triton``, ``why``, ``vllm_route``)."""
+    ``hip_arch`` and ``indexer`` (the DSA indexer route: ``triton``, ``why``, ``vllm_route``). ``dcp``: vLLM's
+    decode-context-parallel size (CUDA; its MLA layers gather q over the group, so the kernels see ``dcp`` × the
+    per-GPU heads)."""
+    if type(dcp) is not int or dcp < 1 or tp % dcp:
+        raise ValueError(f"--dcp: expected a positive divisor of --tp {tp}, got {dcp!r}")
     if capability is None and hip_arch is None:
         hip_arch = _local_hip_arch()
     if hip_arch is not None:
@@ -523,8 +528,9 @@ def evaluate(*, capability: tuple[int, int] | None, shape: ModelShape, tp: int =
                                               f"device probes answer for SM {major}.{minor}, package checks for this "
                                               f"host's installation)") if simulate else "this GPU",
                          shape, tp, dtype, kv_cache_dtype, block_size)
+    report["dcp"] = dcp
     if _try_vllm(report, use_vllm, lambda: _evaluate_vllm(report, shape, major, minor, simulate, tp, dtype,
-                                                          kv_cache_dtype, block_size)):
+                                                          kv_cache_dtype, block_size, dcp)):
         return report
     # This package's declarations only.
     report["validation"] = "declarations"
@@ -534,7 +540,7 @@ def evaluate(*, capability: tuple[int, int] | None, shape: ModelShape, tp: int =
                                     kv_cache_dtype=kv_cache_dtype, kv_lora_rank=shape.kv_lora_rank,
                                     qk_rope_head_dim=shape.qk_rope_head_dim, index_topk=shape.index_topk,
                                     heads=shape.num_heads // tp)
-    idx = policy.policy_index([], (major, minor), report["priority_mode"], num_heads=shape.num_heads // tp,
+    idx = policy.policy_index([], (major, minor), report["priority_mode"], num_heads=shape.num_heads // tp * dcp,
                               kv_cache_dtype=kv_cache_dtype)
     report["candidates"] = [{"name": policy.BACKEND_NAME, "position": None, "sparse": True,
                              "accepted": not reasons, "reasons": reasons}]
@@ -704,6 +710,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--v-head", type=int, help="v_head_dim")
     p.add_argument("--index-topk", type=int)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    p.add_argument("--dcp", type=int, default=1, help="decode-context-parallel size (CUDA; default 1)")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     p.add_argument("--kv-cache-dtype", default="auto",
                    help="vLLM's --kv-cache-dtype: auto, bfloat16, fp8, fp8_e4m3, fp8_ds_mla, ... or a comma-separated "
@@ -796,7 +803,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--tp: expected a positive integer, got {args.tp}")
         reports = [evaluate(capability=None if isinstance(t, str) else t, hip_arch=t if isinstance(t, str) else None,
                             shape=shape, tp=args.tp, dtype=args.dtype, kv_cache_dtype=kv, block_size=args.block_size,
-                            use_vllm=not args.no_vllm)
+                            dcp=args.dcp, use_vllm=not args.no_vllm)
                    for t in targets or [None] for kv in kv_dtypes]
     except ValueError as e:
         print(f"triton-mla-sparse select: {e}", file=sys.stderr)

@@ -256,11 +256,18 @@ def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: 
         if reasons:
             raise ValueError(f"q: this configuration is not supported on {describe_device(dev)}: "
                              + "; ".join(reasons))
+    tl_only = False
+    if dev.type == "cuda":
+        from .kernels import gluon_reads_problem
+
+        # a cache the Gluon kernels cannot read (rows off 16 elements, converted rows, fp16 q with fp8_ds_mla) gets
+        # the tl kernel's own table entry, whatever the table or a family override would give
+        tl_only = not gluon_reads_problem(p)
     if config_overrides:
-        cfg = choose_config(p.T, p.H, p.topk, dev, kernel, kv_format=p.kv_format, arch=arch, q_dtype=p.dtype,
-                            **config_overrides)
+        over = dict(config_overrides, family="tl") if tl_only else config_overrides
+        cfg = choose_config(p.T, p.H, p.topk, dev, kernel, kv_format=p.kv_format, arch=arch, q_dtype=p.dtype, **over)
     else:
-        cfg = _choose_config(p.T, p.H, p.topk, dev, kernel, p.kv_format, arch, p.dtype)
+        cfg = _choose_config(p.T, p.H, p.topk, dev, kernel, p.kv_format, arch, p.dtype, tl_only)
     result = out if out is not None else torch.empty(p.T, p.H, D_V, dtype=p.dtype, device=dev)
     lse = torch.empty(p.T, p.H, dtype=torch.float32, device=dev) if return_lse else None
     if p.T > 0:
@@ -283,5 +290,6 @@ def _unsupported(arch, q_dtype, kv_format, d_rope, heads, topk, block_size, dev)
 
 
 @functools.lru_cache(maxsize=4096)
-def _choose_config(T, H, topk, dev, kernel, kv_format, arch, q_dtype):
-    return choose_config(T, H, topk, dev, kernel, kv_format=kv_format, arch=arch, q_dtype=q_dtype)
+def _choose_config(T, H, topk, dev, kernel, kv_format, arch, q_dtype, tl_only=False):
+    over = {"family": "tl"} if tl_only else {}
+    return choose_config(T, H, topk, dev, kernel, kv_format=kv_format, arch=arch, q_dtype=q_dtype, **over)

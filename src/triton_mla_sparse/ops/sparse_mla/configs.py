@@ -368,8 +368,10 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
                           family=family, max_registers=launch.max_registers)
     cfg = replace(cfg, **overrides) if overrides else cfg
     reg = cfg.max_registers
-    if reg is not None and (type(reg) is not int or not 32 <= reg <= 255 or reg % 8):
-        raise ValueError(f"max_registers: expected None or a multiple of 8 in [32, 255], got {reg!r}")
+    if reg is not None and (type(reg) is not int or not 32 <= reg <= 255):
+        raise ValueError(f"max_registers: expected None or an int in [32, 255], got {reg!r}")
+    if reg is not None and arch is not None and arch.backend != "cuda" and not interpreting():
+        raise ValueError(f"max_registers: a cap of ptxas (NVIDIA) with no equivalent on {arch.name}, got {reg}")
     problem = gluon_config_problem(cfg)
     if problem is not None:
         if "family" in given:

@@ -449,6 +449,23 @@ def _gluon_reads(kv: torch.Tensor, fmt: int, convert: bool, q_dtype: torch.dtype
     return fmt == FMT_NATIVE and not convert
 
 
+def _cache_view(p: AttentionProblem) -> tuple[torch.Tensor, int, bool]:
+    """The cache as the kernels read it (fp8_e4m3 as bytes), its format code, and whether 16-bit rows are converted
+    to q's dtype on the fly."""
+    import torch
+
+    kv = p.kv.view(torch.uint8) if p.kv_format == "fp8_e4m3" else p.kv
+    fmt = _FMT_CODES[p.kv_format]
+    return kv, fmt, fmt == FMT_NATIVE and kv.dtype != p.q_nope.dtype
+
+
+def gluon_reads_problem(p: AttentionProblem) -> bool:
+    """The Gluon kernels can read this problem's cache (:func:`_gluon_reads`); the API runs the tl kernel
+    otherwise, chosen from its own table entry."""
+    kv, fmt, convert = _cache_view(p)
+    return _gluon_reads(kv, fmt, convert, p.q_nope.dtype)
+
+
 def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tensor,
                       lse: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the kernel(s) of ``cfg`` for the validated problem ``p`` (an ``AttentionProblem``), writing ``out``
@@ -457,17 +474,14 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
     import torch
 
     T, H = p.T, p.H
-    kv = p.kv
-    if p.kv_format == "fp8_e4m3":
-        kv = kv.view(torch.uint8)
-    fmt = _FMT_CODES[p.kv_format]
+    kv, fmt, convert = _cache_view(p)
     q_nope = p.q_nope
     q_pe = p.q_pe if p.q_pe is not None else q_nope
     has_rope = p.q_pe is not None
-    convert = fmt == FMT_NATIVE and kv.dtype != q_nope.dtype
     if cfg.family != "tl" and not _gluon_reads(kv, fmt, convert, q_nope.dtype):
-        # what the Gluon kernels cannot read runs the tl kernel, with cfg's sizes (f16_dot meant the Gluon variant)
-        cfg = replace(cfg, family="tl", f16_dot=False)
+        # a caller's Gluon config for a cache the Gluon kernels cannot read (the API chooses the tl kernel's own
+        # entry for those): the tl kernel with cfg's sizes, without the Gluon-only f16_dot and register cap
+        cfg = replace(cfg, family="tl", f16_dot=False, max_registers=None)
     k_scale_ptr = isinstance(p.k_scale, torch.Tensor)
     k_scale_t = p.k_scale if k_scale_ptr else q_nope  # dummy pointer when unused
     k_scale_f = float(p.k_scale) if (p.k_scale is not None and not k_scale_ptr) else 1.0
