@@ -178,6 +178,17 @@ def test_fp16_q_with_fp8_ds_mla_runs_the_tl_kernel(pool, gluon_launches):
     check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format)
 
 
+def test_family_for_a_format_it_never_runs_is_a_value_error(pool):
+    """The API sends caches the Gluon kernels cannot read to the tl kernel, but a family asked for a format it never
+    runs (per-tensor fp8) is still choose_config's ValueError, not a silent tl run."""
+    _skip_unless_supported("bf16")
+    c = pool.caches["fp8_e4m3"]
+    q = make_q(ROWS[64], 16, c.q_dtype)
+    with pytest.raises(ValueError, match="family: the mma2 kernel"):
+        sparse_mla_attention_with_config(q, c.tensor, make_indices(pool, ROWS[64]), SCALE, kv_format=c.kv_format,
+                                         k_scale=c.k_scale, family="mma2")
+
+
 _UNITS_LIMIT = pytest.mark.xfail(
     strict=True, raises=AssertionError,
     reason="known limit (benchmarks/NOTES.md, session 5): with f16_dot the Gluon fp8_ds_mla path keeps each output "

@@ -246,3 +246,4 @@ def test_max_registers_reaches_the_launch(monkeypatch):
     sparse_mla_attention_with_config(q, kv, idx, 0.05, max_registers=128)
     sparse_mla_attention_with_config(q, kv, idx, 0.05)
     assert [o.get("maxnreg") for o in seen] == [128, None]
+

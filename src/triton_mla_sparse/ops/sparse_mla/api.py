@@ -18,7 +18,7 @@ from ..._common.validate import MAX_GRID, check_paged_strides, desc, dtype_names
 from ...capabilities import (D_ROPES, MAX_HEADS, MAX_TOPK, Q_DTYPES, arch_for_device, describe_device,
                              unsupported_reasons)
 from ...formats import D_QK, D_ROPE, D_V, KV_FORMAT_DTYPES, KV_FORMATS, infer_kv_format, kv_row_width
-from .configs import choose_config
+from .configs import choose_config, gluon_supported
 
 __all__ = ["AttentionProblem", "check_attention_inputs", "sparse_mla_attention", "sparse_mla_attention_with_config"]
 
@@ -264,7 +264,10 @@ def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: 
         # the tl kernel's own table entry, whatever the table or a family override would give
         tl_only = not gluon_reads_problem(p)
     if config_overrides:
-        over = dict(config_overrides, family="tl") if tl_only else config_overrides
+        family = config_overrides.get("family")
+        # a family that cannot run this problem at all still gets choose_config's ValueError
+        refused = family not in (None, "tl") and not gluon_supported(family, arch, p.kv_format, p.dtype)
+        over = dict(config_overrides, family="tl") if tl_only and not refused else config_overrides
         cfg = choose_config(p.T, p.H, p.topk, dev, kernel, kv_format=p.kv_format, arch=arch, q_dtype=p.dtype, **over)
     else:
         cfg = _choose_config(p.T, p.H, p.topk, dev, kernel, p.kv_format, arch, p.dtype, tl_only)
