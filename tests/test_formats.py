@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import triton_mla_sparse as tms
+from triton_mla_sparse import formats as F
 from triton_mla_sparse.formats import dequantize_fp8_ds_mla_float, unpack_fp8_ds_mla
 
 E4M3_REL = 2.0 ** -4  # round-to-nearest with 3 mantissa bits: |error| <= 2^-4 · |x| for normal values
@@ -232,3 +233,63 @@ def test_unpack_indexer_cache_rejects_layouts_it_would_misread():
                 torch.as_strided(buf, (3, 4, 1, 132), (10, 132, 132, 1))):
         with pytest.raises(ValueError, match="cache"):
             dequantize_indexer_cache(bad)
+
+
+# ------------------------------------------------------------------ DeepSeek-V4 fp8 pages (584 bytes per token)
+
+@pytest.mark.parametrize("bs,expected", [(64, 37440), (16, 9792), (1, 1152), (72, 42048)])
+def test_v4_page_bytes(bs, expected):
+    """rows (576 B) and footer (8 B) per token, the page padded to a multiple of 576 bytes."""
+    used = bs * 584
+    assert F.v4_page_bytes(bs) == expected and expected % 576 == 0 and used <= expected < used + 576
+
+
+def test_v4_byte_layout_and_round_trip():
+    torch.manual_seed(40)
+    nb, bs = 3, 16
+    k = torch.randn(nb, bs, 512) * torch.logspace(-3, 3, nb * bs).reshape(nb, bs, 1)
+    pages = F.quantize_fp8_ds_mla_v4(k)
+    assert pages.dtype == torch.uint8 and pages.shape == (nb, F.v4_page_bytes(bs))
+    kb = k.to(torch.bfloat16).float()
+    rows = pages[:, :bs * 576].reshape(nb, bs, 576)
+    footer = pages[:, bs * 576:bs * 584].reshape(nb, bs, 8)
+    # RoPE part: the bf16 values as stored; pad byte and page padding: zero
+    assert torch.equal(rows[..., 448:].contiguous().view(torch.bfloat16).float(), kb[..., 448:])
+    assert (footer[..., 7] == 0).all() and (pages[:, bs * 584:] == 0).all()
+    # scales: the smallest power of two with amax / scale <= 448, encoded as exponent + 127
+    amax = kb[..., :448].reshape(nb, bs, 7, 64).abs().amax(-1)
+    scale = torch.exp2(footer[..., :7].float() - 127)
+    assert (amax / scale <= 448).all() and (amax / (scale / 2) > 448).all()
+    nope = rows[..., :448].contiguous().view(torch.float8_e4m3fn).float().reshape(nb, bs, 7, 64)
+    assert torch.equal(nope, (kb[..., :448].reshape(nb, bs, 7, 64) / scale[..., None]).to(torch.float8_e4m3fn).float())
+    out = F.dequantize_fp8_ds_mla_v4(pages, bs)
+    assert out.dtype == torch.float32 and out.shape == (nb, bs, 512)
+    rel = (out[..., :448] - kb[..., :448]).reshape(nb, bs, 7, 64).abs() / scale[..., None]
+    assert rel.max() <= 16  # half an e4m3 step at the top of the range: 2^(8-4)
+    assert torch.equal(out[..., 448:], kb[..., 448:])
+    assert F.dequantize_fp8_ds_mla_v4(pages, bs, torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_v4_zero_rows_stay_zero():
+    pages = F.quantize_fp8_ds_mla_v4(torch.zeros(2, 4, 512))
+    out = F.dequantize_fp8_ds_mla_v4(pages, 4)
+    assert torch.equal(out, torch.zeros_like(out))
+    # max(amax, 1e-4): the exponent of 1e-4 / 448, as the writer stores it
+    assert (pages[:, 4 * 576:4 * 584].reshape(2, 4, 8)[..., :7] == 127 - 22).all()
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(2, 4, 576), torch.zeros(4, 512), torch.zeros(2, 0, 512),
+                                 torch.zeros(2, 4, 512, dtype=torch.int32), "k"])
+def test_v4_quantize_rejects(bad):
+    with pytest.raises(ValueError, match="^k: expected"):
+        F.quantize_fp8_ds_mla_v4(bad)
+
+
+def test_v4_unpack_rejects():
+    pages = F.quantize_fp8_ds_mla_v4(torch.randn(2, 4, 512))
+    with pytest.raises(ValueError, match="^pages: expected at least"):
+        F.unpack_fp8_ds_mla_v4(pages, 5)
+    with pytest.raises(ValueError, match="^pages: expected uint8"):
+        F.unpack_fp8_ds_mla_v4(pages.float(), 4)
+    with pytest.raises(ValueError, match="^block_size: expected a positive int"):
+        F.unpack_fp8_ds_mla_v4(pages, 0)

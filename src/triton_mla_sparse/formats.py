@@ -13,6 +13,12 @@ format      torch dtype / row      layout of one row
                                    covers latent values [128·i, 128·i + 128); 528–655: 64 bfloat16 rope values
 ========== ====================== ==============================================================================
 
+DeepSeek-V4 (one 512-wide row per token: 448 NoPE values, then 64 RoPE values, all of it also V) stores its fp8
+cache in pages (vLLM's ``fp8_ds_mla`` for V4, FlashMLA's "MODEL1", 584 bytes per token): per page of ``block_size``
+tokens, ``block_size`` rows of 576 bytes (448 e4m3 values, then the 64 RoPE values as bfloat16), then a footer of
+``block_size`` × 8 bytes (7 UE8M0 exponents, one per 64 NoPE values, scale = 2^(byte − 127), and a zero byte), the
+page padded with zeros to a multiple of 576 bytes (:func:`quantize_fp8_ds_mla_v4`, :func:`v4_page_bytes`).
+
 The DSA indexer reads its own cache, vLLM's fp8 indexer layout: per block of ``block_size`` tokens, the
 ``block_size · 128`` e4m3 key values (token-major) followed by ``block_size`` float32 scales (``amax / 448`` per
 token), ``INDEXER_ROW_BYTES = 132`` bytes per token in all (:func:`quantize_indexer_cache`).
@@ -30,6 +36,13 @@ FP8_DS_MLA_TILES = D_V // FP8_DS_MLA_TILE
 FP8_DS_MLA_ROPE_OFFSET = D_V + 4 * FP8_DS_MLA_TILES  # 528: the first byte of the bf16 rope part
 FP8_DS_MLA_BYTES = FP8_DS_MLA_ROPE_OFFSET + 2 * D_ROPE  # 656
 FP8_E4M3_MAX = 448.0
+D_V4 = 512  # DeepSeek-V4: q / k width, and V is the whole row
+V4_NOPE = 448  # e4m3 part of a V4 cache row
+V4_ROPE = D_V4 - V4_NOPE  # 64 bfloat16 values
+V4_QUANT_BLOCK = 64  # NoPE values per UE8M0 scale
+V4_SCALES = V4_NOPE // V4_QUANT_BLOCK  # 7
+V4_ROW_BYTES = V4_NOPE + 2 * V4_ROPE  # 576
+V4_FOOTER_BYTES = 8  # per token: 7 exponents and a zero byte
 D_INDEX = 128  # indexer key/query width
 INDEXER_ROW_BYTES = D_INDEX + 4  # e4m3 values + one float32 scale per token
 
@@ -172,6 +185,68 @@ def dequantize_indexer_cache(cache: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`quantize_indexer_cache`: float32 ``[num_blocks, block_size, 128]`` = e4m3 · scale."""
     vals, scales = unpack_indexer_cache(cache)
     return vals.float() * scales[..., None]
+
+
+def v4_page_bytes(block_size: int) -> int:
+    """Bytes of one DeepSeek-V4 fp8 page of ``block_size`` tokens: rows and footer, padded to a multiple of 576."""
+    if type(block_size) is not int or block_size < 1:
+        raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
+    used = block_size * (V4_ROW_BYTES + V4_FOOTER_BYTES)
+    return -(-used // V4_ROW_BYTES) * V4_ROW_BYTES
+
+
+def quantize_fp8_ds_mla_v4(k: torch.Tensor) -> torch.Tensor:
+    """Pack DeepSeek-V4 cache rows ``k [num_blocks, block_size, 512]`` (any float dtype; rounded to bfloat16 first,
+    the writer's input) into uint8 pages ``[num_blocks, v4_page_bytes(block_size)]``, byte for byte as vLLM's
+    ``quantize_and_insert_k_cache`` writes them: per 64 NoPE values, ``scale = 2^ceil(log2(max(amax, 1e-4) / 448))``,
+    values ``clamp(x / scale, ±448)`` as e4m3, the exponent + 127 (clamped to [0, 255]) as the footer byte; the RoPE
+    part as bfloat16; the pad byte and the page's padding zero."""
+    if not isinstance(k, torch.Tensor) or not k.is_floating_point():
+        raise ValueError(f"k: expected a floating-point tensor [num_blocks, block_size, {D_V4}], got {_describe(k)}")
+    if k.dim() != 3 or k.shape[-1] != D_V4 or k.shape[1] < 1:
+        raise ValueError(f"k: expected shape [num_blocks, block_size >= 1, {D_V4}], got {tuple(k.shape)}")
+    nb, bs, _ = k.shape
+    x = k.to(torch.bfloat16).float()
+    nope = x[..., :V4_NOPE].reshape(nb, bs, V4_SCALES, V4_QUANT_BLOCK)
+    exponent = torch.ceil(torch.log2(nope.abs().amax(-1).clamp_min(1e-4) / FP8_E4M3_MAX))
+    q8 = (nope / torch.exp2(exponent)[..., None]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    pages = torch.zeros(nb, v4_page_bytes(bs), dtype=torch.uint8, device=k.device)
+    rows = pages[:, :bs * V4_ROW_BYTES].view(nb, bs, V4_ROW_BYTES)
+    rows[..., :V4_NOPE] = q8.view(torch.uint8).reshape(nb, bs, V4_NOPE)
+    rows[..., V4_NOPE:] = x[..., V4_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    footer = pages[:, bs * V4_ROW_BYTES:bs * (V4_ROW_BYTES + V4_FOOTER_BYTES)].view(nb, bs, V4_FOOTER_BYTES)
+    footer[..., :V4_SCALES] = (exponent + 127).clamp(0, 255).to(torch.uint8)
+    return pages
+
+
+def unpack_fp8_ds_mla_v4(pages: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split DeepSeek-V4 fp8 pages (uint8 ``[num_blocks, page_bytes]``, each page's bytes contiguous) into (e4m3 NoPE
+    values ``[num_blocks, block_size, 448]``, float32 scales ``[num_blocks, block_size, 7]``, bfloat16 RoPE values
+    ``[num_blocks, block_size, 64]``)."""
+    need = v4_page_bytes(block_size)
+    if not isinstance(pages, torch.Tensor) or pages.dtype != torch.uint8 or pages.dim() != 2:
+        raise ValueError(f"pages: expected uint8 [num_blocks, page_bytes], got {_describe(pages)}")
+    if pages.shape[1] < need or pages.stride(1) != 1:
+        raise ValueError(f"pages: expected at least {need} contiguous bytes per page for block_size {block_size}, "
+                         f"got shape {tuple(pages.shape)} stride {tuple(pages.stride())}")
+    nb, bs = pages.shape[0], block_size
+    rows = pages[:, :bs * V4_ROW_BYTES].contiguous().view(nb, bs, V4_ROW_BYTES)
+    footer = pages[:, bs * V4_ROW_BYTES:bs * (V4_ROW_BYTES + V4_FOOTER_BYTES)].contiguous()
+    footer = footer.view(nb, bs, V4_FOOTER_BYTES)
+    nope = rows[..., :V4_NOPE].contiguous().view(torch.float8_e4m3fn)
+    rope = rows[..., V4_NOPE:].contiguous().view(torch.bfloat16)
+    scales = torch.exp2(footer[..., :V4_SCALES].float() - 127)
+    return nope, scales, rope
+
+
+def dequantize_fp8_ds_mla_v4(pages: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float32
+                             ) -> torch.Tensor:
+    """Inverse of :func:`quantize_fp8_ds_mla_v4`: ``dtype [num_blocks, block_size, 512]``, the NoPE part e4m3 ·
+    scale computed in float32, the RoPE part as stored."""
+    nope, scales, rope = unpack_fp8_ds_mla_v4(pages, block_size)
+    nb, bs = nope.shape[:2]
+    vals = nope.float().reshape(nb, bs, V4_SCALES, V4_QUANT_BLOCK) * scales[..., None]
+    return torch.cat([vals.reshape(nb, bs, V4_NOPE), rope.float()], dim=-1).to(dtype)
 
 
 def _describe(x) -> str:
