@@ -5,7 +5,7 @@ import pytest
 
 @pytest.fixture
 def gluon_launches(monkeypatch):
-    """Counts the launches of each Gluon kernel (launch_sparse_mla may fall back to the tl kernel silently)."""
+    """Counts the launches of each Gluon kernel (the API sends caches they cannot read to the tl kernel)."""
     from triton_mla_sparse.ops.sparse_mla import kernels_mma2, kernels_wgmma
 
     counts = {"mma2": 0, "wgmma": 0}

@@ -216,7 +216,6 @@ class AttentionConfig:
     family: str = "tl"  # which kernel: "tl" (kernels.py), "mma2" / "wgmma" (kernels_mma2.py / kernels_wgmma.py)
     max_registers: int | None = None  # NVIDIA: registers per thread the build may use (ptxas maxnreg); None: its own
 
-
     def describe(self) -> str:
         """Short text: kernel, head block, gather block, splits, warps/stages, and every option switched on."""
         if self.kernel == "prefill":

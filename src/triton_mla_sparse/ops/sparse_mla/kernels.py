@@ -22,7 +22,6 @@ head block, not once per 16 heads.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import triton
@@ -470,7 +469,8 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
                       lse: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the kernel(s) of ``cfg`` for the validated problem ``p`` (an ``AttentionProblem``), writing ``out``
     [T, H, 512] and ``lse`` [T, H] float32 (allocated when None); returns ``lse``. No host synchronisation; the
-    decode kernel allocates one float32 workspace of T · splits · H · 513 values (+ T · H for an unrequested lse)."""
+    decode kernel allocates one float32 workspace of T · splits · H · 513 values (+ T · H for an unrequested lse).
+    ``cfg`` names a Gluon family only where :func:`gluon_reads_problem` holds (the API chooses so)."""
     import torch
 
     T, H = p.T, p.H
@@ -478,10 +478,6 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
     q_nope = p.q_nope
     q_pe = p.q_pe if p.q_pe is not None else q_nope
     has_rope = p.q_pe is not None
-    if cfg.family != "tl" and not _gluon_reads(kv, fmt, convert, q_nope.dtype):
-        # a caller's Gluon config for a cache the Gluon kernels cannot read (the API chooses the tl kernel's own
-        # entry for those): the tl kernel with cfg's sizes, without the Gluon-only f16_dot and register cap
-        cfg = replace(cfg, family="tl", f16_dot=False, max_registers=None)
     k_scale_ptr = isinstance(p.k_scale, torch.Tensor)
     k_scale_t = p.k_scale if k_scale_ptr else q_nope  # dummy pointer when unused
     k_scale_f = float(p.k_scale) if (p.k_scale is not None and not k_scale_ptr) else 1.0
