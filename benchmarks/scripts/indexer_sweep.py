@@ -1,10 +1,12 @@
 """Sweep the indexer kernels' launch parameters on the GPU (offline tuning aid; prints a table, writes nothing).
 
-    python benchmarks/scripts/indexer_sweep.py [--quick]
+    python benchmarks/scripts/indexer_sweep.py [--quick] [--family tl|wgmma|both]
 
 Cases (the bench's indexer inputs): decode (64 requests, one row each at the end of a 32K / 128K context) and
-prefill (4096 causal rows over 32K), 64 and 32 fp8 index heads, paged block 64. Times (do_bench median, ms) the logits kernel for each
-(block_k, chunk_tiles, num_warps, num_stages) and the selection (the split select vs torch.topk) on the same logits.
+prefill (4096 causal rows over 32K), 64 and 32 fp8 index heads, paged block 64. Times (do_bench median, ms) the
+logits kernel for each tl configuration (block_k, chunk_tiles, num_warps, num_stages) and, on decode cases, each
+configuration of the Gluon wgmma kernel (chunk_tiles x num_stages: --wgmma-chunks, --wgmma-stages; sm90), then the
+selection (the split select vs torch.topk) on the same logits.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ def main():
     ap.add_argument("--only", default="", help="decode or prefill: run only those cases")
     ap.add_argument("--maxnreg", default="0", help="comma list of register caps to try (0 = none)")
     ap.add_argument("--nrep", default="", help="comma list of histogram copies to try in the split select")
+    ap.add_argument("--family", default="both", choices=("tl", "wgmma", "both"), help="logits kernels to sweep")
+    ap.add_argument("--wgmma-chunks", default="4,8,16,32,64", help="comma list of wgmma chunk_tiles (64 positions)")
+    ap.add_argument("--wgmma-stages", default="2,3,4,5,6,8", help="comma list of wgmma ring depths")
     a = ap.parse_args()
     cases = [("decode", 64, 32768), ("decode", 64, 131072), ("decode", 32, 131072), ("prefill", 64, 32768),
              ("prefill", 32, 32768)]
@@ -45,7 +50,16 @@ def main():
     if a.quick:
         grid = [(128, 16, 4, 2), (128, 32, 4, 2), (128, 16, 4, 3), (64, 16, 4, 2)]
     caps = [int(x) or None for x in a.maxnreg.split(",")]
-    grid = [g + (cap,) for g in grid for cap in caps]
+    # (family, overrides) of every logits configuration; the tl grid names its family (sm90's decode table entry
+    # is the wgmma kernel)
+    grid = [("tl", dict(block_k=bk, chunk_tiles=ct, num_warps=w, num_stages=st, maxnreg=cap))
+            for bk, ct, w, st in grid for cap in caps] if a.family != "wgmma" else []
+    wg = list(itertools.product([int(x) for x in a.wgmma_chunks.split(",")],
+                                [int(x) for x in a.wgmma_stages.split(",")]))
+    if a.quick:
+        wg = [(16, 4), (32, 4), (16, 3), (8, 4), (16, 6)]
+    wgmma_grid = [("wgmma", dict(chunk_tiles=ct, num_stages=st, maxnreg=cap))
+                  for ct, st in wg for cap in caps] if a.family != "tl" else []
     for kind, Hi, ctx in cases:
         if a.only and kind != a.only:
             continue
@@ -53,19 +67,26 @@ def main():
         p = I.check_indexer_inputs(*args)
         out = torch.empty(p.T, L, dtype=torch.float32, device="cuda")
         res = []
-        for bk, ct, w, st, cap in grid:
-            cfg = I.choose_indexer_config(p, block_k=bk, chunk_tiles=ct, num_warps=w, num_stages=st, maxnreg=cap)
+        for family, over in grid + (wgmma_grid if kind == "decode" else []):
+            label = f"{family} " + " ".join(f"{k}={v}" for k, v in over.items() if v is not None)
             try:
+                cfg = I.choose_indexer_config(p, family=family, **over)
                 I._launch_logits(p, out, cfg)
                 ms = triton.testing.do_bench(lambda: I._launch_logits(p, out, cfg), warmup=5, rep=40)
             except Exception as e:  # noqa: BLE001
-                print(f"{kind} h{Hi} {ctx}: bk{bk} ct{ct} w{w} s{st} r{cap} failed: {type(e).__name__}: {str(e)[:200]}")
+                print(f"{kind} h{Hi} {ctx}: {label} failed: {type(e).__name__}: {str(e)[:200]}")
                 continue
             gbps = p.T * (ctx if kind == "decode" else ctx - 2048) * (D + 4) / ms / 1e6
-            res.append((ms, bk, ct, w, st, cap or 0, gbps))
+            res.append((ms, label, gbps))
         res.sort()
-        for ms, bk, ct, w, st, cap, gbps in res[:6]:
-            print(f"{kind} h{Hi} ctx{ctx}: logits {ms:.4f} ms  bk{bk} ct{ct} w{w} s{st} r{cap}  ({gbps:.0f} GB/s of K)")
+        best = res[:6] + [r for f in ("tl", "wgmma") for r in [x for x in res if x[1].startswith(f)][:1]
+                          if r not in res[:6]]
+        for ms, label, gbps in best:
+            print(f"{kind} h{Hi} ctx{ctx}: logits {ms:.4f} ms  {label}  ({gbps:.0f} GB/s of K)")
+        cfg = I.choose_indexer_config(p)
+        ms = triton.testing.do_bench(lambda: I._launch_logits(p, out, cfg), warmup=5, rep=40)
+        print(f"{kind} h{Hi} ctx{ctx}: logits {ms:.4f} ms  default ({cfg.family} chunk_tiles={cfg.chunk_tiles} "
+              f"num_stages={cfg.num_stages})", flush=True)
         if a.no_select:
             continue
         sel = torch.empty(p.T, TOPK, dtype=torch.int32, device="cuda")

@@ -116,9 +116,20 @@ def test_compile_matrix_combine(arch_name):
 
 @pytest.mark.parametrize("arch_name,hi,qf,kf,kernel", [
     pytest.param(arch, *e, id=f"{arch}-{e[3]}" + (f"-h{e[0]}-q{e[1]}-k{e[2]}" if e[0] else ""))
-    for arch in ARCHS for e in indexer_aot.matrix_entries() + topk_aot.matrix_entries()])
+    for arch in ARCHS for e in indexer_aot.matrix_entries(ARCHS[arch]) + topk_aot.matrix_entries()])
 def test_compile_matrix_indexer(arch_name, hi, qf, kf, kernel):
     _check(ARCHS[arch_name], _result(arch_name, (hi, qf, kf, kernel)))
+
+
+@pytest.mark.parametrize("hi", [64, 32])
+def test_compile_matrix_indexer_builds_the_wgmma_kernel_on_sm90(hi):
+    """sm90's fp8 decode entry is the Gluon wgmma kernel (the configuration the launch picks), with the tl
+    kernel's decode configuration beside it (its fallback); prefill stays with the tl kernel."""
+    decode = _result("sm90", (hi, "fp8", "fp8", "indexer_logits_decode"))
+    assert "family='wgmma'" in decode["config"], decode["config"]
+    for kernel in (indexer_aot.FALLBACK_KERNEL, "indexer_logits_prefill"):
+        row = _result("sm90", (hi, "fp8", "fp8", kernel))
+        assert "family='tl'" in row["config"], (kernel, row["config"])
 
 
 def test_compile_matrix_table_covers_every_arch_and_class():

@@ -143,7 +143,8 @@ def _indexer_config_str(inp: IndexerInputs, what: str) -> str:
         return f"{what} (config: {short_exc(e, 60)})"
     g = lambda k: getattr(cfg, k, "?")  # noqa: E731 - the config's fields move with the kernel's tuning
     chunk = f"x{cfg.chunk_tiles}" if hasattr(cfg, "chunk_tiles") else ""
-    return (f"{what} bh{g('block_h')} bk{g('block_k')}{chunk} w{g('num_warps')} st{g('num_stages')}"
+    family = "" if g("family") in ("tl", "?") else f" {g('family')}"
+    return (f"{what}{family} bh{g('block_h')} bk{g('block_k')}{chunk} w{g('num_warps')} st{g('num_stages')}"
             + (" fp8dot" if getattr(cfg, "use_fp8_dot", False) else "")
             + f" sel-{g('select')}")
 

@@ -1,9 +1,10 @@
-"""Ahead-of-time builds of the indexer's logits kernel for any target, on any machine (no GPU needed).
+"""Ahead-of-time builds of the indexer's logits kernels for any target, on any machine (no GPU needed).
 
 The operator's part of the compile matrix (:mod:`triton_mla_sparse.aot`): the logits kernel for each build the
 matrix checks (:data:`INDEXER_BUILDS`), for decode and prefill rows, with the configuration the launch picks
-(:func:`~.configs.indexer_config_for`). The top-k select's kernels are the top-k operator's
-(:mod:`triton_mla_sparse.ops.topk.aot`). Importing this module imports triton.
+(:func:`~.configs.indexer_config_for`: the Gluon wgmma kernel for sm90's fp8 decode rows, the tl kernel elsewhere),
+and where the table picks the wgmma kernel also the tl kernel's configuration it falls back to. The top-k select's
+kernels are the top-k operator's (:mod:`triton_mla_sparse.ops.topk.aot`). Importing this module imports triton.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ __all__ = ["INDEXER_BUILDS", "INDEXER_LOGITS_KERNELS", "compile_indexer_logits",
 # rows of one request share each K tile).
 INDEXER_BUILDS = ((64, "fp8", "fp8"), (32, "fp8", "fp8"), (64, "bf16", "bf16"))
 INDEXER_LOGITS_KERNELS = ("indexer_logits_decode", "indexer_logits_prefill")
+FALLBACK_KERNEL = "indexer_logits_decode_tl"  # the tl decode build where the table picks the wgmma kernel
 
 
 def compile_indexer_logits(arch: Arch, cfg: IndexerConfig, *, q_fp8: bool, k_fp8: bool) -> CompiledKernel:
-    """Compile the indexer logits kernel of ``cfg`` (an ``IndexerConfig``) for ``arch``."""
+    """Compile the indexer logits kernel of ``cfg`` (an ``IndexerConfig``; ``cfg.family`` picks it) for ``arch``."""
     from . import kernels as K
 
     q_t = "*u8" if q_fp8 else ("*bf16" if cfg.dot_bf16 else "*fp16")
@@ -48,20 +50,38 @@ def compile_indexer_logits(arch: Arch, cfg: IndexerConfig, *, q_fp8: bool, k_fp8
     div = list(sig)[:8] + ["stride_q_t", "stride_q_h", "stride_w_t", "stride_k_blk", "stride_k_row", "stride_bt_r",
                            "stride_o_t", "Hi", "block_size"]
     ones = ("stride_w_h", "stride_bt_c", "stride_req", "stride_pos", "stride_o_p")
-    return compile_kernel(K._indexer_logits_kernel, sig, const, div, arch, cfg.num_warps, cfg.num_stages, ones)
+    if cfg.family == "wgmma":
+        from . import kernels_wgmma as KW
+
+        const = dict(BLOCK_H=cfg.block_h, STAGES=cfg.num_stages, ZERO_WS=True)
+        return compile_kernel(KW._indexer_logits_wgmma, sig, const, div, arch, cfg.num_warps, 1, ones,
+                              max_registers=cfg.maxnreg)
+    return compile_kernel(K._indexer_logits_kernel, sig, const, div, arch, cfg.num_warps, cfg.num_stages, ones,
+                          max_registers=cfg.maxnreg)
 
 
-def matrix_entries() -> list[tuple[int, str, str, str]]:
-    """Every (index heads, q format, k format, kernel) the compile matrix builds for the indexer."""
-    return [(hi, qf, kf, kernel) for hi, qf, kf in INDEXER_BUILDS for kernel in INDEXER_LOGITS_KERNELS]
+def _config(arch: Arch | None, hi: int, qf: str, kf: str, kernel: str) -> IndexerConfig:
+    """The configuration the launch picks for a matrix entry (the fallback entry: the tl kernel's)."""
+    return indexer_config_for(arch, hi=hi, q_fp8=qf == "fp8", k_fp8=kf == "fp8", dot_bf16=qf == "bf16",
+                              shared_rows=kernel.endswith("prefill"),
+                              family="tl" if kernel == FALLBACK_KERNEL else None)
+
+
+def matrix_entries(arch: Arch | None = None) -> list[tuple[int, str, str, str]]:
+    """Every (index heads, q format, k format, kernel) the compile matrix builds for the indexer on ``arch`` (None:
+    the entries of every target, without the fallback builds)."""
+    entries = [(hi, qf, kf, kernel) for hi, qf, kf in INDEXER_BUILDS for kernel in INDEXER_LOGITS_KERNELS]
+    if arch is not None:
+        entries += [(hi, qf, kf, FALLBACK_KERNEL) for hi, qf, kf in INDEXER_BUILDS
+                    if _config(arch, hi, qf, kf, "indexer_logits_decode").family != "tl"]
+    return entries
 
 
 def compile_rows(arch: Arch) -> list[dict]:
     """The operator's rows of the compile matrix on ``arch``, in :func:`matrix_entries`' order."""
     rows = []
-    for hi, qf, kf, kernel in matrix_entries():
-        cfg = indexer_config_for(arch, hi=hi, q_fp8=qf == "fp8", k_fp8=kf == "fp8", dot_bf16=qf == "bf16",
-                                 shared_rows=kernel.endswith("prefill"))
+    for hi, qf, kf, kernel in matrix_entries(arch):
+        cfg = _config(arch, hi, qf, kf, kernel)
         rows.append(matrix_row(arch, (hi, qf, kf, kernel), cfg,
                                lambda: compile_indexer_logits(arch, cfg, q_fp8=qf == "fp8", k_fp8=kf == "fp8")))
     return rows

@@ -210,8 +210,9 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, 
     check_kernel_device(p.device)
     result = out if out is not None else torch.empty(p.T, topk, dtype=torch.int32, device=p.device)
     if p.T:
-        if deterministic:  # row groups share K tiles in prefill: the head sum's order would follow the grouping
-            cfg = choose_indexer_config(p, select="torch", rows_per_program=1)
+        if deterministic:  # row groups share K tiles in prefill: the head sum's order would follow the grouping;
+            # one kernel for every shape of call (the wgmma kernel takes decode-shaped calls only)
+            cfg = choose_indexer_config(p, select="torch", rows_per_program=1, family="tl")
         else:
             cfg = choose_indexer_config(p, **({"select": select} if select else {}))
         logits = torch.empty(p.T, max_len, dtype=torch.float32, device=p.device)

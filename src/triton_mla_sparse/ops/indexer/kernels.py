@@ -8,6 +8,9 @@ float32 (fp8 × fp8 tensor-core dots where the GPU has them, otherwise both oper
 fp16/bf16), scales each row by its K scale, applies relu and reduces over the heads with the weights inside each
 thread's rows. Rows of one request (prefill) share each K tile; decode rows (one per request) use ``ROWS = 1``.
 Positions past a row's own (or of a row with an invalid request id) get -inf and are never read.
+
+:func:`launch_indexer_logits` launches it, or the Gluon kernel of :mod:`.kernels_wgmma` (same arguments; sm90
+decode rows of e4m3 q over vLLM's fp8 cache) where the configuration's ``family`` says so.
 """
 
 from __future__ import annotations
@@ -157,10 +160,17 @@ def launch_indexer_logits(p: IndexerProblem, out: torch.Tensor, cfg: IndexerConf
                           ws: torch.Tensor | None = None) -> None:
     """Logits of the validated problem ``p`` (an ``IndexerProblem``) into ``out`` float32 [T, max_len]; with ``ws``
     (an int32 [T, W] workspace, unit last stride) the kernel also zeroes ``ws`` (the split select's workspace: see
-    :func:`triton_mla_sparse.ops.topk.select_workspace`)."""
+    :func:`triton_mla_sparse.ops.topk.select_workspace`). ``cfg.family`` picks the kernel; a wgmma configuration
+    on a problem that :func:`.configs.wgmma_refusal` refuses runs the tl kernel's configuration instead."""
     import torch
 
     T, max_len = p.T, out.shape[1]
+    if cfg.family == "wgmma":
+        from ...capabilities import arch_for_device
+        from .configs import choose_indexer_config, wgmma_refusal
+
+        if wgmma_refusal(p, arch_for_device(p.device)) is not None:
+            cfg = choose_indexer_config(p, family="tl")
     chunk = cfg.block_k * cfg.chunk_tiles
     n_chunks = triton.cdiv(max_len, chunk)
     if T == 0 or n_chunks == 0:
@@ -170,15 +180,24 @@ def launch_indexer_logits(p: IndexerProblem, out: torch.Tensor, cfg: IndexerConf
                          f"{tuple(ws.shape)} strides {ws.stride()}")
     rows = cfg.rows_per_program
     q = p.q.view(torch.uint8) if p.q_fp8 else p.q
-    _launch_logits((triton.cdiv(T, rows) * n_chunks,), (
+    args = (
         q, p.weights, p.k, p.block_table, p.req_id_per_token, p.positions, out, out if ws is None else ws,
         q.stride(0), q.stride(1), p.weights.stride(0), p.weights.stride(1),
         p.k_block_stride, p.k_row_stride,
         p.block_table.stride(0), p.block_table.stride(1), p.req_id_per_token.stride(0), p.positions.stride(0),
         out.stride(0), out.stride(1), 0 if ws is None else ws.stride(0),
         T, p.Hi, max_len, p.block_size, p.num_blocks, p.block_table.shape[0], p.block_table.shape[1], n_chunks,
-        chunk, 0 if ws is None else ws.shape[1]),
-        dict(Q_FP8=p.q_fp8, K_FP8=p.k_fp8, USE_FP8_DOT=cfg.use_fp8_dot, DOT_BF16=cfg.dot_bf16, SW_FP8=cfg.sw_fp8,
-             BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, ROWS=rows, ZERO_WS=ws is not None),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}))
+        chunk, 0 if ws is None else ws.shape[1])
+    opts = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not interpreting() else {}
+    if cfg.family == "wgmma":
+        from .kernels_wgmma import launch_logits_wgmma
+
+        launch_logits_wgmma((T * n_chunks,), args,
+                            dict(BLOCK_H=cfg.block_h, STAGES=cfg.num_stages, ZERO_WS=ws is not None),
+                            num_warps=cfg.num_warps, num_stages=1, **opts)
+        return
+    _launch_logits((triton.cdiv(T, rows) * n_chunks,), args,
+                   dict(Q_FP8=p.q_fp8, K_FP8=p.k_fp8, USE_FP8_DOT=cfg.use_fp8_dot, DOT_BF16=cfg.dot_bf16,
+                        SW_FP8=cfg.sw_fp8, BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, ROWS=rows,
+                        ZERO_WS=ws is not None),
+                   num_warps=cfg.num_warps, num_stages=cfg.num_stages, **opts)
