@@ -1,4 +1,5 @@
-"""GPU tier: the Gluon kernels (``family="mma2"``: kernels_mma2.py, ``"wgmma"``: kernels_wgmma.py) against the
+"""GPU tier: the Gluon kernels (``family="mma2"``: kernels_mma2.py, ``"wgmma"``: kernels_wgmma.py, ``"wgmma_t"``:
+kernels_wgmma_t.py) against the
 float32 reference, at launch configurations beyond the table's (tile rows, stages, warps, head blocks), on poisoned
 caches (NaN everywhere outside the selection and in the slack of a strided cache), garbage indices, topk_length and
 sinks, with and without RoPE. The interpreter cannot run Gluon: CUDA only."""
@@ -22,7 +23,10 @@ pytestmark = [*GPU_TIER, gpu_only]
 SHAPES = [("mma2", 8, 16, 32, 4, 2), ("mma2", 16, 16, 32, 4, 1), ("mma2", 16, 16, 32, 4, 3), ("mma2", 16, 16, 32, 4, 4),
           ("mma2", 16, 16, 64, 8, 2), ("mma2", 64, 32, 64, 8, 2), ("mma2", 128, 64, 32, 8, 2),
           ("mma2", 128, 16, 32, 4, 2), ("wgmma", 64, 64, 64, 8, 2), ("wgmma", 128, 64, 32, 8, 3),
-          ("wgmma", 40, 64, 32, 8, 4), ("wgmma", 16, 64, 64, 8, 2)]
+          ("wgmma", 40, 64, 32, 8, 4), ("wgmma", 16, 64, 64, 8, 2),
+          ("wgmma_t", 16, 16, 64, 4, 2), ("wgmma_t", 16, 16, 64, 4, 3), ("wgmma_t", 8, 8, 64, 4, 2),
+          ("wgmma_t", 12, 16, 64, 4, 3), ("wgmma_t", 32, 32, 64, 4, 2), ("wgmma_t", 40, 16, 64, 4, 2),
+          ("wgmma_t", 16, 16, 64, 8, 2), ("wgmma_t", 24, 32, 64, 8, 2)]
 
 
 def _skip_unless_supported(fmt: str, family: str = "mma2"):
@@ -37,12 +41,19 @@ FORMATS = [("bf16", False), ("fp16", False), ("fp8_ds_mla_pow2", True), ("fp8_ds
            ("fp8_ds_mla_pow2", False), ("fp8_ds_mla_fp32", False)]
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("fmt,f16_dot", FORMATS)
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
 @pytest.mark.parametrize("family,heads,block_h,block_n,num_warps,stages", SHAPES)
 def test_gluon_poisoned_cache_garbage_indices_lengths_sinks(pool, gluon_launches, fmt, f16_dot, kernel, family, heads,
-                                                            block_h, block_n, num_warps, stages):
+                                                            block_h, block_n, num_warps, stages, overlap):
     _skip_unless_supported(fmt, family)
+    if family == "wgmma_t" and f16_dot:
+        pytest.skip("the wgmma_t kernel dots exact bf16 tiles only")
+    if overlap and (family != "wgmma_t" or not fmt.startswith("fp8_ds_mla")):
+        pytest.skip("overlap: the wgmma_t kernel's fp8_ds_mla variant")
+    if family == "wgmma_t" and stages > 2 and not fmt.startswith("fp8_ds_mla"):
+        pytest.skip("wgmma_t: two stages of 64 bf16 rows fill the shared memory")
     torch.manual_seed(heads * 131 + block_n * 7 + stages)
     T = ROWS[64]
     idx = _with_garbage(make_indices(pool, T), NUM_SLOTS, frac=0.2)
@@ -56,9 +67,9 @@ def test_gluon_poisoned_cache_garbage_indices_lengths_sinks(pool, gluon_launches
     _, lse, cfg = sparse_mla_attention_with_config(
         q, cache, idx, SCALE, kv_format=c.kv_format, out=out, return_lse=True, kernel=kernel, return_config=True,
         topk_length=tl, attn_sink=sink, family=family, block_h=block_h, block_n=block_n, num_warps=num_warps,
-        num_stages=stages, f16_dot=f16_dot)
-    assert (cfg.family, cfg.kernel, cfg.block_h, cfg.block_n, cfg.num_stages, cfg.f16_dot) == (
-        family, kernel, block_h, block_n, stages, f16_dot)
+        num_stages=stages, f16_dot=f16_dot, overlap=overlap)
+    assert (cfg.family, cfg.kernel, cfg.block_h, cfg.block_n, cfg.num_stages, cfg.f16_dot, cfg.overlap) == (
+        family, kernel, block_h, block_n, stages, f16_dot, overlap)
     assert gluon_launches[family] == 1 and sum(gluon_launches.values()) == 1
     check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format, topk_length=tl, attn_sink=sink,
                             all_rows=True)
@@ -66,7 +77,7 @@ def test_gluon_poisoned_cache_garbage_indices_lengths_sinks(pool, gluon_launches
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
-@pytest.mark.parametrize("family,heads", [("mma2", 16), ("mma2", 128), ("wgmma", 128)])
+@pytest.mark.parametrize("family,heads", [("mma2", 16), ("mma2", 128), ("wgmma", 128), ("wgmma_t", 16)])
 def test_gluon_nope_512(pool, fmt, kernel, family, heads):
     """No RoPE part: 512-value bf16 rows; fp8_ds_mla rows keep their 656 bytes and the RoPE bytes go unread."""
     _skip_unless_supported(fmt, family)
@@ -84,7 +95,7 @@ def test_gluon_nope_512(pool, fmt, kernel, family, heads):
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
-@pytest.mark.parametrize("family,heads", [("mma2", 16), ("wgmma", 64)])
+@pytest.mark.parametrize("family,heads", [("mma2", 16), ("wgmma", 64), ("wgmma_t", 16), ("wgmma_t", 8)])
 def test_gluon_and_tl_agree(pool, fmt, family, heads):
     """The two kernels of one problem: both within the tolerance of the reference and of each other."""
     _skip_unless_supported(fmt, family)
@@ -143,7 +154,7 @@ def _launcher_cache(fn):
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
-@pytest.mark.parametrize("family,H", [("mma2", 16), ("wgmma", 64)])
+@pytest.mark.parametrize("family,H", [("mma2", 16), ("wgmma", 64), ("wgmma_t", 16)])
 def test_gluon_cache_rows_off_16_bytes_run_the_tl_kernel(pool, gluon_launches, fmt, family, H):
     """cp.async copies 16-byte vectors: a cache whose row stride is not a multiple of 16 elements is read by the tl
     kernel instead, with the same result."""
@@ -196,9 +207,11 @@ _UNITS_LIMIT = pytest.mark.xfail(
            "the change of units")
 
 
-@pytest.mark.parametrize("f16_dot", [pytest.param(True, marks=_UNITS_LIMIT), False])
-@pytest.mark.parametrize("family,heads", [("mma2", 16), ("wgmma", 64)])
-def test_gluon_fp8_scales_far_apart_across_tiles(family, heads, f16_dot):
+@pytest.mark.parametrize("family,heads,f16_dot", [pytest.param("mma2", 16, True, marks=_UNITS_LIMIT),
+                                                   pytest.param("wgmma", 64, True, marks=_UNITS_LIMIT),
+                                                   ("mma2", 16, False), ("wgmma", 64, False), ("wgmma_t", 16, False)])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_gluon_fp8_scales_far_apart_across_tiles(family, heads, f16_dot, overlap):
     """fp8_ds_mla rows whose scales differ by 2^200 between the tiles of one list (the tl kernel and the reference
     hold them: bf16 / float32 have the range; so do the Gluon kernels' exact bf16 tiles, f16_dot off)."""
     _skip_unless_supported("fp8_ds_mla", family)
@@ -217,18 +230,22 @@ def test_gluon_fp8_scales_far_apart_across_tiles(family, heads, f16_dot):
                     1).to(torch.int32)
     q = torch.randn(T, heads, 576, device=DEV).to(torch.bfloat16)
     scale = 576 ** -0.5 / 2.0 ** 100
+    if overlap and family != "wgmma_t":
+        pytest.skip("overlap: the wgmma_t kernel's fp8_ds_mla variant")
     out, lse = sparse_mla_attention_with_config(q, cache, idx, scale, kv_format="fp8_ds_mla", return_lse=True,
-                                                family=family, kernel="prefill", f16_dot=f16_dot)
+                                                family=family, kernel="prefill", f16_dot=f16_dot, overlap=overlap)
     ref = reference.sparse_mla_attention(q, cache, idx, scale, kv_format="fp8_ds_mla", compute_dtype=torch.float32,
                                          out_dtype=torch.float32)
     assert torch.isfinite(out).all()
     assert rel_err(out[..., :128], ref[..., :128]) <= 2e-2
 
 
-@pytest.mark.parametrize("f16_dot", [True, False])
-@pytest.mark.parametrize("family,heads", [("mma2", 16), ("mma2", 32), ("wgmma", 64)])
+@pytest.mark.parametrize("family,heads,f16_dot", [("mma2", 16, True), ("mma2", 32, True), ("wgmma", 64, True),
+                                                   ("mma2", 16, False), ("mma2", 32, False), ("wgmma", 64, False),
+                                                   ("wgmma_t", 16, False), ("wgmma_t", 32, False)])
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
-def test_gluon_fp8_chunk_scales_differ(gluon_launches, family, heads, kernel, f16_dot):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_gluon_fp8_chunk_scales_differ(gluon_launches, family, heads, kernel, f16_dot, overlap):
     """Each 128-column chunk of a row with its own scale, 2^-20 .. 2^15 apart and different per row (float32 scales):
     every chunk of the output matches the reference (a chunk read with another chunk's scale cannot)."""
     _skip_unless_supported("fp8_ds_mla", family)
@@ -244,8 +261,10 @@ def test_gluon_fp8_chunk_scales_differ(gluon_launches, family, heads, kernel, f1
     idx = torch.stack([torch.randperm(S, device=DEV)[:K] for _ in range(T)]).to(torch.int32)
     q = torch.randn(T, heads, 576, device=DEV).to(torch.bfloat16)
     scale = 576 ** -0.5 / 2.0 ** 15
+    if overlap and family != "wgmma_t":
+        pytest.skip("overlap: the wgmma_t kernel's fp8_ds_mla variant")
     out, lse = sparse_mla_attention_with_config(q, cache, idx, scale, kv_format="fp8_ds_mla", return_lse=True,
-                                                family=family, kernel=kernel, f16_dot=f16_dot)
+                                                family=family, kernel=kernel, f16_dot=f16_dot, overlap=overlap)
     assert gluon_launches[family] == 1
     ref = reference.sparse_mla_attention(q, cache, idx, scale, kv_format="fp8_ds_mla", compute_dtype=torch.float32,
                                          out_dtype=torch.float32)

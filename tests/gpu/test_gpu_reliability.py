@@ -37,7 +37,9 @@ OUT_TOL = 5e-3 if ON_CPU else 1e-2  # relative L2 error of out against the float
 LSE_TOL = 1e-2  # |lse - ref| <= LSE_TOL + 1e-5 · |ref| (as test_gpu.py, plus a relative term for huge logits)
 SCALE = 192 ** -0.5
 # Boolean switches of the launch configuration (whatever this version of the kernels has).
-SWITCHES = sorted(n for n, f in AttentionConfig.__dataclass_fields__.items() if f.type in ("bool", bool))
+# every switch of the tl kernel's configuration (overlap belongs to the wgmma_t kernel: GLUON_MEMCHECK runs it)
+SWITCHES = sorted(n for n, f in AttentionConfig.__dataclass_fields__.items()
+                  if f.type in ("bool", bool) and n != "overlap")
 
 if ON_CPU:
     TOPK, BS, NB, CHECK_ROWS = 40, 16, 8, 8
@@ -342,13 +344,14 @@ def test_garbage_indices_stay_in_bounds(fmt, d_qk):
         assert torch.all(out[0] == 0) and torch.all(lse[0] == -math.inf)  # row 0: nothing valid
 
 
-GLUON_MEMCHECK = [("mma2", 16), ("wgmma", 64)]
+GLUON_MEMCHECK = [("mma2", 16, {}), ("wgmma", 64, {}), ("wgmma_t", 16, {}), ("wgmma_t", 16, {"overlap": True})]
 
 
 @pytest.mark.memcheck
-@pytest.mark.parametrize("family,H", GLUON_MEMCHECK, ids=[f"{f}-h{h}" for f, h in GLUON_MEMCHECK])
+@pytest.mark.parametrize("family,H,extra", GLUON_MEMCHECK,
+                         ids=[f"{f}-h{h}" + "".join(f"-{k}" for k in e) for f, h, e in GLUON_MEMCHECK])
 @pytest.mark.parametrize("fmt,d_qk", [("bf16", 576), ("fp8_ds_mla", 576), ("fp8_ds_mla", 512)])
-def test_gluon_garbage_indices_stay_in_bounds(gluon_launches, family, H, fmt, d_qk):
+def test_gluon_garbage_indices_stay_in_bounds(gluon_launches, family, H, extra, fmt, d_qk):
     """The Gluon kernels (asked for by family) on the setting above: garbage indices, a cache whose last row ends its
     allocation, every tensor ending its own allocation, NaN wherever they must not read; decode and prefill."""
     from triton_mla_sparse.capabilities import arch_for_device
@@ -369,7 +372,7 @@ def test_gluon_garbage_indices_stay_in_bounds(gluon_launches, family, H, fmt, d_
     for n, (kernel, over) in enumerate((("decode", {"num_splits": 4}), ("prefill", {}))):
         out = copy_to_end(torch.full((T, H, 512), float("nan"), dtype=QD, device=DEV))
         out, lse, cfg = run(q, cache, idx, kv_format=fmt, kernel=kernel, out=out, topk_length=tl, attn_sink=sink,
-                            family=family, **over)
+                            family=family, **over, **extra)
         assert (cfg.kernel, cfg.family, gluon_launches[family]) == (kernel, family, n + 1)  # no silent tl fallback
         compare(out, lse, q, stored.to(DEV), idx, kv_format=fmt, topk_length=tl, attn_sink=sink,
                 what=f"{family} {kernel} {cfg}")

@@ -62,6 +62,8 @@ def test_every_choice_follows_the_table(on_gpu, arch_name):
                     key = (head_class(H), cache_class(fmt))
                     entry = GLUON_TABLE.get(arch_name, {}).get(key)
                     gluon = entry is not None and gluon_supported(entry.family, arch, fmt, q_dtype)
+                    if gluon and cfg.kernel == "prefill" and entry.prefill is not None:
+                        entry = entry.prefill  # the prefill kernel's own entry (another family)
                     want = entry if gluon else TABLE[arch_name][key]
                     assert cfg.family == (entry.family if gluon else "tl"), (arch_name, fmt, H, T, q_dtype)
                     block_n = want.prefill_block_n if cfg.kernel == "prefill" and want.prefill_block_n else \
@@ -72,6 +74,26 @@ def test_every_choice_follows_the_table(on_gpu, arch_name):
                         (want.block_h, block_n, want.num_warps, stages), (arch_name, fmt, H, T, cfg)
                     if q_dtype is not None and fmt in NATIVE and q_dtype != NATIVE[fmt]:
                         assert cfg.family == "tl"  # the Gluon kernels read 16-bit caches in q's dtype only
+
+
+def test_prefill_entries_and_one_wave_decode(on_gpu):
+    """sm90's <= 16-head bf16 class decodes with wgmma_t and prefills with mma2's one-buffer entry; a forced family
+    takes the entry of that family; wgmma_t's decode splits fill one wave of one program per SM."""
+    sm90 = ARCHS["sm90"]
+    dec = choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm90, kernel="decode")
+    pre = choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm90, kernel="prefill")
+    assert (dec.family, dec.block_n, dec.num_warps, dec.num_stages) == ("wgmma_t", 64, 4, 2)
+    assert (pre.family, pre.block_n, pre.num_warps, pre.num_stages) == ("mma2", 64, 4, 1)
+    forced = choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm90, kernel="prefill", family="wgmma_t")
+    assert (forced.family, forced.block_n) == ("wgmma_t", 64)
+    forced = choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm90, kernel="decode", family="mma2")
+    assert (forced.family, forced.block_n, forced.num_stages) == ("mma2", 32, 2)  # the class's mma2 entry, decode
+    # B = 64 rows on 132 SMs: one wave of two splits, not two waves of four (a tie the default breaks upwards)
+    assert (configs._split_count(64, 32, 132, max_waves=1), configs._split_count(64, 32, 132)) == (2, 4)
+    assert configs._split_count(256, 32, 132, max_waves=1) == 1
+    fp8 = choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=sm90)
+    assert (fp8.family, fp8.overlap) == ("wgmma_t", True)
+    assert not choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=sm90, family="mma2").overlap
 
 
 def test_the_kernel_is_chosen_with_the_tl_entry(on_gpu):
@@ -101,8 +123,18 @@ def test_family_override(on_gpu):
         choose_config(64, 16, 2048, CPU, kv_format="fp8_e4m3", arch=sm90, family="mma2")
     with pytest.raises(ValueError, match="family: the mma2 kernel"):
         choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["gfx942"], family="mma2")
-    with pytest.raises(ValueError, match="family: expected 'tl', 'mma2' or 'wgmma'"):
+    with pytest.raises(ValueError, match="family: expected 'tl', 'mma2', 'wgmma' or 'wgmma_t'"):
         choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm90, family="cuda")
+    # the transposed wgmma kernel: sm90 only, 64-row tiles on one warpgroup, one program per SM by default
+    cfg = choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=sm90, family="wgmma_t")
+    assert (cfg.family, cfg.block_h, cfg.block_n, cfg.num_warps, cfg.programs_per_sm) == ("wgmma_t", 16, 64, 4, 1)
+    with pytest.raises(ValueError, match="family: the wgmma_t kernel needs sm90"):
+        choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm86, family="wgmma_t")
+    for over, field in (({"block_n": 32}, "block_n"), ({"num_warps": 2}, "num_warps"), ({"block_h": 64}, "block_h"),
+                        ({"block_h": 8, "num_warps": 8}, "num_warps"),
+                        ({"num_stages": 1}, "num_stages"), ({"f16_dot": True}, "f16_dot")):
+        with pytest.raises(ValueError, match=field):
+            choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=sm90, family="wgmma_t", **over)
 
 
 def test_describe_names_the_family(on_gpu):
@@ -153,7 +185,7 @@ def test_fp16_q_with_fp8_ds_mla_runs_the_tl_kernel(on_gpu):
     cfg = choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=ARCHS["sm90"], q_dtype=torch.float16)
     assert cfg.family == "tl"
     assert choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=ARCHS["sm90"],
-                         q_dtype=torch.bfloat16).family == "mma2"
+                         q_dtype=torch.bfloat16).family == "wgmma_t"
 
 
 def test_gluon_fp8_entries_run_exact_tiles(on_gpu):

@@ -49,12 +49,16 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
     if cfg.family != "tl":
         if cfg.family == "wgmma":
             from .kernels_wgmma import _sparse_mla_fwd_wgmma as fn
+        elif cfg.family == "wgmma_t":
+            from .kernels_wgmma_t import _sparse_mla_fwd_wgmma_t as fn
         else:
             from .kernels_mma2 import _sparse_mla_fwd_mma2 as fn
 
         const = dict(FMT=fmt, HAS_ROPE=has_rope, HAS_TOPK_LEN=True, HAS_SINK=True, SPLIT=split, BLOCK_H=cfg.block_h,
                      BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8,
                      F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA)
+        if cfg.family == "wgmma_t":
+            const["OVERLAP"] = cfg.overlap and fmt == K.FMT_FP8_DS_MLA
         return compile_kernel(fn, sig, const, list(_PTR_TYPES) + sorted(_DIV16), arch, cfg.num_warps, 1,
                               ones=("stride_idx_k",), max_registers=cfg.max_registers)
     const = dict(FMT=fmt, CONVERT=fmt == K.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,

@@ -39,9 +39,13 @@ class Launch:
     # over each chunk's tile scale, kernels_mma2.py); off, Gluon kernels dot bf16 tiles of exact values
     f16_dot: bool = False
     low_reg: bool = False  # q and the cache chunks loaded where each dot needs them, not held across the step
-    family: str = "tl"  # "tl": kernels.py; "mma2" / "wgmma": kernels_mma2.py / kernels_wgmma.py (num_stages = their
-    # STAGES: tiles in flight + 1)
+    family: str = "tl"  # "tl": kernels.py; "mma2" / "wgmma" / "wgmma_t": kernels_mma2.py / kernels_wgmma.py /
+    # kernels_wgmma_t.py (num_stages = their STAGES: tiles in flight + 1)
     max_registers: int | None = None  # NVIDIA: ptxas's per-thread register cap (maxnreg), to fit more programs per SM
+    overlap: bool = False  # wgmma_t with fp8_ds_mla: dequantise the next tile while the output MMAs of this one run
+    max_waves: int = 2  # decode splits fill at most this many waves of resident programs (1: each SM's one program
+    # streams its split without a second wave behind it)
+    prefill: Launch | None = None  # the prefill kernel's entry where another kernel family is faster there
 
 
 HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
@@ -148,14 +152,19 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
 # interpreter, runs the tl kernel of TABLE.
 _M = functools.partial(Launch, family="mma2")
 _W = functools.partial(Launch, family="wgmma")
+_T = functools.partial(Launch, family="wgmma_t")
 GLUON_CACHE_CLASSES = ("16bit", "fp8_ds_mla")
-GLUON_FAMILIES = ("mma2", "wgmma")
+GLUON_FAMILIES = ("mma2", "wgmma", "wgmma_t")
+HOPPER_FAMILIES = ("wgmma", "wgmma_t")  # warpgroup MMAs: sm90 only
 GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
     "sm90": {
-        (16, "16bit"): _M(16, 32, 4, 2, 1, prefill_stages=1, prefill_block_n=64),
-        (16, "fp8_ds_mla"): _M(16, 32, 4, 3, 1),
-        (32, "16bit"): _W(64, 64, 8, 2, 1),  # a half-filled 64-head block beats two or one 16 / 32-head blocks
-        (32, "fp8_ds_mla"): _W(64, 64, 8, 2, 1),
+        # decode: wgmma_t (tile rows along M, one warpgroup, one program per SM, one wave of splits); bf16 prefill at
+        # <= 16 heads: mma2 with one buffer of 64-row tiles (two resident programs hide each other's latency)
+        (16, "16bit"): _T(16, 64, 4, 2, 1, max_waves=1,
+                           prefill=_M(16, 32, 4, 2, 1, prefill_stages=1, prefill_block_n=64)),
+        (16, "fp8_ds_mla"): _T(16, 64, 4, 2, 1, max_waves=1, overlap=True, prefill_stages=3),
+        (32, "16bit"): _T(32, 64, 4, 2, 1, max_waves=1, prefill=_W(64, 64, 8, 2, 1)),
+        (32, "fp8_ds_mla"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
         (64, "16bit"): _W(64, 64, 8, 2, 1),
         (64, "fp8_ds_mla"): _W(64, 64, 8, 2, 1),
     },
@@ -169,7 +178,8 @@ GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
 GLUON_TABLE["sm89"] = GLUON_TABLE["sm86"]
 GLUON_TABLE["sm120"] = GLUON_TABLE["sm86"]
 # what a forced family runs where the table has no entry of it
-_GLUON_DEFAULT = {"mma2": _M(16, 32, 4, 2, 1), "wgmma": _W(64, 64, 8, 2, 1)}
+_GLUON_DEFAULT = {"mma2": _M(16, 32, 4, 2, 1), "wgmma": _W(64, 64, 8, 2, 1),
+                  "wgmma_t": _T(16, 64, 4, 2, 1, max_waves=1)}
 
 # Head blocks a target cannot build: on sm100/sm110 a 64-head block's accumulators need 576 of the 512 tensor-memory
 # columns (triton 3.9 compiles it to a bare trap, 3.6 asks 451 KB of shared memory); on RDNA it spills registers.
@@ -215,6 +225,7 @@ class AttentionConfig:
     combine_warps: int = 4
     family: str = "tl"  # which kernel: "tl" (kernels.py), "mma2" / "wgmma" (kernels_mma2.py / kernels_wgmma.py)
     max_registers: int | None = None  # NVIDIA: registers per thread the build may use (ptxas maxnreg); None: its own
+    overlap: bool = False  # wgmma_t with fp8_ds_mla: the next tile dequantised during this one's output MMAs
 
     def describe(self) -> str:
         """Short text: kernel, head block, gather block, splits, warps/stages, and every option switched on."""
@@ -233,19 +244,19 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def _split_count(rows_x_heads: int, n_blocks: int, slots: int) -> int:
+def _split_count(rows_x_heads: int, n_blocks: int, slots: int, max_waves: int = 2) -> int:
     """Splits of each row's list so the grid fills whole waves of ``slots`` resident programs.
 
     Measured on the H200 (benchmarks/NOTES.md): a grid of 1.2 waves ran 50% slower than one of 0.97 waves, so the
-    choice maximises the filled fraction of the last wave, over at most two waves, preferring more splits on ties
-    (more memory parallelism)."""
+    choice maximises the filled fraction of the last wave, over at most ``max_waves`` waves, preferring more splits
+    on ties (more memory parallelism)."""
     best, best_score = 1, -1.0
     if rows_x_heads <= 0:
         return 1
     for ns in range(1, n_blocks + 1):
         progs = rows_x_heads * ns
         waves = -(-progs // slots)
-        if waves > 2 and ns > 1:
+        if waves > max_waves and ns > 1:
             break
         score = progs / (waves * slots)
         if score >= best_score - 1e-9:
@@ -255,11 +266,11 @@ def _split_count(rows_x_heads: int, n_blocks: int, slots: int) -> int:
 
 def gluon_supported(family: str, arch: Arch | None, kv_format: str, q_dtype: torch.dtype | None = None) -> bool:
     """The Gluon kernel ``family`` can run this problem: not the interpreter, an NVIDIA target with cp.async and
-    mma.sync (``"mma2"``: sm80 on) or Hopper's wgmma (``"wgmma"``: sm90), a bf16/fp16 cache read as stored
-    (``q_dtype`` None or the cache's dtype) or fp8_ds_mla."""
+    mma.sync (``"mma2"``: sm80 on) or Hopper's wgmma (``"wgmma"``, ``"wgmma_t"``: sm90), a bf16/fp16 cache read as
+    stored (``q_dtype`` None or the cache's dtype) or fp8_ds_mla."""
     if arch is None or interpreting() or arch.backend != "cuda" or family not in GLUON_FAMILIES:
         return False
-    if int(arch.target) < 80 or (family == "wgmma" and arch.name != "sm90"):
+    if int(arch.target) < 80 or (family in HOPPER_FAMILIES and arch.name != "sm90"):
         return False
     if kv_format == "fp8_ds_mla":  # the rows' bf16 RoPE part is copied as stored and dotted with q's
         return q_dtype is None or q_dtype == torch.bfloat16
@@ -269,9 +280,20 @@ def gluon_supported(family: str, arch: Arch | None, kv_format: str, q_dtype: tor
 
 def gluon_config_problem(cfg: AttentionConfig) -> str | None:
     """Why a Gluon config cannot be built as given (``None`` when it can): wgmma runs 64-head blocks on 8 warps with
-    32- or 64-row tiles and at least two stages; mma2 runs 16-, 32- or 64-head blocks of 32- or 64-row tiles on 4 or
-    8 warps (what the GPU tier covers); neither takes the tl kernel's low-register variant."""
-    if cfg.family == "wgmma":
+    32- or 64-row tiles and at least two stages; wgmma_t runs 8-, 16- or 32-head blocks of 64-row tiles on one
+    warpgroup (or two, each with half the heads) with at least two stages; mma2 runs 16-, 32- or 64-head blocks of 32- or 64-row tiles on 4
+    or 8 warps (what the GPU tier covers); none takes the tl kernel's low-register variant."""
+    if cfg.family == "wgmma_t":
+        if cfg.block_h not in (8, 16, 32) or cfg.num_warps not in (4, 8) or cfg.block_h // (cfg.num_warps // 4) < 8:
+            return (f"block_h / num_warps: the wgmma_t kernel runs block_h 8, 16 or 32 on 4 warps (16 or 32 on 8), got "
+                    f"{cfg.block_h} / {cfg.num_warps}")
+        if cfg.block_n != 64:
+            return f"block_n: the wgmma_t kernel takes 64 (the rows of a warpgroup MMA), got {cfg.block_n}"
+        if cfg.num_stages < 2:
+            return f"num_stages: the wgmma_t kernel needs at least 2, got {cfg.num_stages}"
+        if cfg.f16_dot:
+            return "f16_dot: the wgmma_t kernel dots bf16 tiles of exact values only"
+    elif cfg.family == "wgmma":
         if cfg.block_h != 64 or cfg.num_warps != 8:
             return (f"block_h / num_warps: the wgmma kernel runs block_h 64 on 8 warps, got {cfg.block_h} / "
                     f"{cfg.num_warps}")
@@ -289,6 +311,8 @@ def gluon_config_problem(cfg: AttentionConfig) -> str | None:
             return f"num_stages: at least 1, got {cfg.num_stages}"
     if cfg.family != "tl" and cfg.low_reg:
         return f"low_reg: a variant of the tl kernel, not of {cfg.family}"
+    if cfg.family != "wgmma_t" and cfg.overlap:
+        return f"overlap: a variant of the wgmma_t kernel, not of {cfg.family}"
     return None
 
 
@@ -316,10 +340,10 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     given = dict(overrides)
     family = overrides.pop("family", None)
     if family not in (None, "tl", *GLUON_FAMILIES):
-        raise ValueError(f"family: expected 'tl', 'mma2' or 'wgmma', got {family!r}")
+        raise ValueError(f"family: expected 'tl', 'mma2', 'wgmma' or 'wgmma_t', got {family!r}")
     key = (head_class(H), cache_class(kv_format))
     if family in GLUON_FAMILIES and not gluon_supported(family, arch, kv_format, q_dtype):
-        where = "sm90" if family == "wgmma" else "an NVIDIA GPU from sm80 on"
+        where = "sm90" if family in HOPPER_FAMILIES else "an NVIDIA GPU from sm80 on"
         raise ValueError(f"family: the {family} kernel needs {where} and a bf16/fp16 cache read as stored or "
                          f"fp8_ds_mla with bf16 q; got {arch.name if arch else 'no GPU'}, {kv_format}, q {q_dtype}")
     if arch is None or interpreting():
@@ -337,8 +361,13 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
         kernel = "prefill" if T * n_hb >= 2 * slots or n_blocks == 1 else "decode"
     entry = GLUON_TABLE.get(arch.name, {}).get(key) if arch is not None else None
     if family is None and entry is not None and gluon_supported(entry.family, arch, kv_format, q_dtype):
+        if kernel == "prefill" and entry.prefill is not None and gluon_supported(entry.prefill.family, arch,
+                                                                                  kv_format, q_dtype):
+            entry = entry.prefill
         family, launch = entry.family, entry
     elif family in GLUON_FAMILIES:
+        if entry is not None and entry.family != family and entry.prefill is not None:
+            entry = entry.prefill
         launch = entry if entry is not None and entry.family == family else _GLUON_DEFAULT[family]
     else:
         family = "tl"
@@ -357,14 +386,15 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
         num_splits = 1
         num_stages = launch.prefill_stages or num_stages
     else:
-        num_splits = overrides.pop("num_splits", _split_count(T * n_hb, n_blocks, slots))
+        num_splits = overrides.pop("num_splits", _split_count(T * n_hb, n_blocks, slots, launch.max_waves))
     split_len = -(-(-(-topk // num_splits)) // block_n) * block_n
     num_splits = -(-topk // split_len)
     cfg = AttentionConfig(kernel=kernel, block_h=block_h, block_n=block_n, num_splits=num_splits,
                           split_len=split_len, num_warps=launch.num_warps, num_stages=num_stages,
                           sw_fp8=sw_fp8, programs_per_sm=launch.programs_per_sm,
                           f16_dot=launch.f16_dot and cache_class(kv_format) == "fp8_ds_mla", low_reg=launch.low_reg,
-                          family=family, max_registers=launch.max_registers)
+                          family=family, max_registers=launch.max_registers,
+                          overlap=launch.overlap and cache_class(kv_format) == "fp8_ds_mla")
     cfg = replace(cfg, **overrides) if overrides else cfg
     reg = cfg.max_registers
     if reg is not None and (type(reg) is not int or not 32 <= reg <= 255):

@@ -506,12 +506,16 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
     if cfg.family != "tl":
         if cfg.family == "wgmma":
             from .kernels_wgmma import launch_fwd_wgmma as launch
+        elif cfg.family == "wgmma_t":
+            from .kernels_wgmma_t import launch_fwd_wgmma_t as launch
         else:
             from .kernels_mma2 import launch_fwd_mma2 as launch
 
         common = dict(FMT=fmt, HAS_ROPE=has_rope, HAS_TOPK_LEN=p.topk_length is not None,
                       HAS_SINK=p.attn_sink is not None, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                       STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8, F16_DOT=cfg.f16_dot and fmt == FMT_FP8_DS_MLA)
+        if cfg.family == "wgmma_t":
+            common["OVERLAP"] = cfg.overlap and fmt == FMT_FP8_DS_MLA
         opts = dict(num_warps=cfg.num_warps, num_stages=1)
     if cfg.max_registers is not None:
         opts["maxnreg"] = cfg.max_registers

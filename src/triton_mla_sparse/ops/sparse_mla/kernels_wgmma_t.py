@@ -1,0 +1,299 @@
+"""Gluon kernel for sparse MLA attention on Hopper (sm90) with few heads: wgmma with the cache rows along M.
+
+A warpgroup MMA has 64 rows (M); with 8–32 heads per program, the 64-head kernel (:mod:`.kernels_wgmma`) pads the
+heads to 64 and the mma.sync kernel (:mod:`.kernels_mma2`) makes every warp read all of q from shared memory for
+each tile. This kernel swaps the operands instead, so M is the 64 rows of a tile and N the heads:
+
+* scores, transposed: ``Sᵀ [64 rows, BLOCK_H] = K_tile [64, 576] · qᵀ [576, BLOCK_H]`` (both operands in shared
+  memory; one warpgroup, 8 registers per thread at 16 heads);
+* the softmax runs along the rows (axis 0); each thread keeps its own partial row sums, added up once at the end;
+* output, transposed: ``Oᵀ [512, BLOCK_H] = Vᵀ [512, 64] · Pᵀ [64, BLOCK_H]``, Vᵀ read from the tile in shared memory
+  in its stored order (an M-major operand) and Pᵀ written to shared memory once per tile; four ``[128, BLOCK_H]``
+  float32 accumulators (64 registers per thread at 16 heads).
+
+The memory pipeline, grid, arguments and outputs are those of :mod:`.kernels_mma2` (whose helpers it uses):
+cp.async row gathers STAGES − 1 tiles ahead, fp8_ds_mla rows dequantised once per tile into a bf16 tile of exact
+values. One warpgroup per program; a 64-row tile of bf16 rows takes 72 KB per stage, so a program fills most of an
+SM's shared memory and the stages, not other programs, hide the gathers' latency.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import hopper
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as _ac
+from triton.runtime.jit import constexpr_function
+
+from ..._common.launch import CachedLauncher
+from ..._common.fp8 import e4m3_to_f32 as _e4m3_to_f32
+from .kernels_mma2 import (LATENT, ROPE, _barrier, _gather_layout, _issue, _load_idx, _prologue, _q_to_shared,
+                           _row_range, _tile_buffers)
+
+DEQ_W = gl.constexpr(128)  # columns per step of the fp8_ds_mla dequantisation
+
+
+@constexpr_function
+def _t_layout(block_h, num_warps):
+    """A wgmma accumulator with M (tile rows, or output columns) over a warpgroup's four warps and the heads along
+    N, split between the warpgroups (8 warps: each MMA of the two runs on half the heads)."""
+    wg = num_warps // 4
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, wg], instr_shape=[16, block_h // wg, 16])
+
+
+@constexpr_function
+def _pt_layout(block_n, block_h, dtype):
+    """The transposed probabilities' shared tile: the widest swizzle its rows allow."""
+    return gl.NVMMASharedLayout.get_default_for([block_n, block_h], dtype)
+
+
+@constexpr_function
+def _deq_layout(w, num_warps):
+    """fp8 bytes of ``w`` columns per row: 16-byte vectors, a row's vectors over neighbouring lanes."""
+    return gl.BlockedLayout([1, 16], [32 * 16 // w, w // 16], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _dequant_chunk_t(raw_s, sc_s, deq_s, st, C: gl.constexpr, W: gl.constexpr, SW_FP8: gl.constexpr):
+    """fp8_ds_mla: the 128 columns of latent chunk ``C`` of stage ``st``, e4m3 bytes x their row's chunk scale, into
+    the bf16 tile ``deq_s`` (exact values), ``W`` columns at a time (few values live at once)."""
+    L8: gl.constexpr = _deq_layout(W, gl.num_warps())
+    LQ: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 16 // W, W // 16], [gl.num_warps(), 1], [1, 0])
+    o_s = gl.arange(0, 4, gl.SliceLayout(0, LQ))
+    sc_c = gl.convert_layout(gl.sum(gl.where(o_s[None, :] == C, sc_s.index(st).load(LQ), 0.0), 1),
+                             gl.SliceLayout(1, L8))
+    for p in gl.static_range(128 // W):
+        raw = raw_s.index(st).slice(C * 128 + p * W, W, dim=1).load(L8)
+        deq_s.slice(C * 128 + p * W, W, dim=1).store((_e4m3_to_f32(raw, SW_FP8) * sc_c[:, None]).to(deq_s.dtype))
+
+
+@gluon.jit
+def _dequant_tile_t(raw_s, sc_s, deq_s, st, W: gl.constexpr, SW_FP8: gl.constexpr):
+    """:func:`_dequant_chunk_t` for the whole tile."""
+    for c in gl.static_range(LATENT // 128):
+        _dequant_chunk_t(raw_s, sc_s, deq_s, st, c, W, SW_FP8)
+
+
+@gluon.jit
+def _zero(t):
+    """0, computed from the loop counter ``t`` by an instruction the compiler cannot see through."""
+    return gl.inline_asm_elementwise("and.b32 $0, $1, 0;", "=r,r", [t], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _scores_t(k_t, q_t, rope_t, qr_t, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, HAS_ROPE: gl.constexpr,
+              layout: gl.constexpr):
+    """Transposed scores ``K_tile · qᵀ`` [rows, heads]: the chain of warpgroup MMAs issued at once, one wait."""
+    b_s = hopper.warpgroup_mma(k_t.slice(0, 64, dim=1), q_t.slice(0, 64, dim=1).permute([1, 0]),
+                               gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout), use_acc=False, is_async=True)
+    for c in gl.static_range(1, LATENT // 64):
+        b_s = hopper.warpgroup_mma(k_t.slice(c * 64, 64, dim=1), q_t.slice(c * 64, 64, dim=1).permute([1, 0]), b_s,
+                                   is_async=True)
+    if HAS_ROPE:
+        b_s = hopper.warpgroup_mma(rope_t, qr_t.permute([1, 0]), b_s, is_async=True)
+    return hopper.warpgroup_mma_wait(0, deps=[b_s])
+
+
+@gluon.jit
+def _pv_t(k_t, p_t, C: gl.constexpr, acc):
+    """Issue the output MMA of latent chunk ``C``: ``Vᵀ_C · Pᵀ``."""
+    return hopper.warpgroup_mma(k_t.slice(C * 128, 128, dim=1).permute([1, 0]), p_t, acc, is_async=True)
+
+
+@gluon.jit
+def _softmax_t(b_s, idx_c, num_slots, qk_scale, b_m, b_l):
+    """One tile of the online softmax (base 2) along the rows of the transposed scores ``b_s`` [rows, heads]:
+    invalid slot ids score -inf; returns the probabilities, the rescale of what came before, the running max and
+    each thread's running partial sums (a head with no valid entry yet keeps max -inf, sums 0)."""
+    m_n = (idx_c >= 0) & (idx_c < num_slots)
+    b_s = gl.where(m_n[:, None], b_s * qk_scale, float("-inf"))
+    b_m_new = gl.maximum(b_m, gl.max(b_s, 0))
+    b_m_use = gl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+    b_alpha = gl.exp2(b_m - b_m_use)
+    b_p = gl.exp2(b_s - b_m_use[None, :])
+    return b_p, b_alpha, b_m_new, b_l * b_alpha[None, :] + b_p
+
+
+@gluon.jit
+def _store_outputs_t(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stride_o_h, stride_l_t,
+                     stride_l_s, stride_l_h, stride_sink, o_h, m_h, o_d, b_inv, b_lse2, b_a0, b_a1, b_a2, b_a3,
+                     SPLIT: gl.constexpr, HAS_SINK: gl.constexpr):
+    """:func:`.kernels_mma2._store_outputs` for transposed accumulators (``[128 columns, BLOCK_H heads]``)."""
+    if SPLIT:
+        p_o = out_ptr + i_t * stride_o_t + i_s.to(gl.int64) * stride_o_s + o_h[None, :].to(gl.int64) * stride_o_h
+        gl.store(lse_ptr + i_t * stride_l_t + i_s.to(gl.int64) * stride_l_s + o_h * stride_l_h, b_lse2, mask=m_h)
+    else:
+        if HAS_SINK:
+            b_sink = gl.load(sink_ptr + o_h * stride_sink, mask=m_h, other=0.0)
+            # as in the tl kernel: an empty row stays 0, a -inf sink changes nothing
+            b_inv = gl.where(b_lse2 == float("-inf"), 0.0,
+                             b_inv / (1.0 + gl.exp2(b_sink * 1.4426950408889634 - b_lse2)))
+        p_o = out_ptr + i_t * stride_o_t + o_h[None, :].to(gl.int64) * stride_o_h
+        gl.store(lse_ptr + i_t * stride_l_t + o_h * stride_l_h, b_lse2 * 0.6931471805599453, mask=m_h)
+    ty: gl.constexpr = out_ptr.dtype.element_ty
+    gl.store(p_o + (0 * 128 + o_d)[:, None], (b_a0 * b_inv[None, :]).to(ty), mask=m_h[None, :])
+    gl.store(p_o + (1 * 128 + o_d)[:, None], (b_a1 * b_inv[None, :]).to(ty), mask=m_h[None, :])
+    gl.store(p_o + (2 * 128 + o_d)[:, None], (b_a2 * b_inv[None, :]).to(ty), mask=m_h[None, :])
+    gl.store(p_o + (3 * 128 + o_d)[:, None], (b_a3 * b_inv[None, :]).to(ty), mask=m_h[None, :])
+
+
+@gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len"])
+def _sparse_mla_fwd_wgmma_t(
+    q_nope_ptr, q_pe_ptr, kv_ptr, idx_ptr, topk_len_ptr, sink_ptr, k_scale_ptr, out_ptr, lse_ptr,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+    stride_kv_blk, stride_kv_row,
+    stride_idx_t, stride_idx_k, stride_tl, stride_sink,
+    stride_o_t, stride_o_s, stride_o_h,
+    stride_l_t, stride_l_s, stride_l_h,
+    T, H, topk, num_slots, block_size, num_splits, split_len,
+    sm_scale_log2, k_scale,
+    FMT: gl.constexpr, HAS_ROPE: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+    SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    SW_FP8: gl.constexpr, F16_DOT: gl.constexpr, OVERLAP: gl.constexpr,
+):
+    gl.static_assert(BLOCK_N == 64, "the tile's rows are the 64 rows of a warpgroup MMA")
+    gl.static_assert(gl.num_warps() == 4 or gl.num_warps() == 8, "one or two warpgroups")
+    gl.static_assert(STAGES >= 2, "cp.async gathers at least one tile ahead")
+    i_ts = gl.program_id(0)
+    i_hb = gl.program_id(1)
+    i_t = (i_ts // num_splits).to(gl.int64)
+    i_s = i_ts % num_splits
+    dt: gl.constexpr = q_nope_ptr.dtype.element_ty
+
+    A_L: gl.constexpr = _t_layout(BLOCK_H, gl.num_warps())
+    HEADS: gl.constexpr = gl.SliceLayout(0, A_L)
+    ROWS: gl.constexpr = gl.SliceLayout(1, A_L)
+    ROW: gl.constexpr = gl.SliceLayout(1, _gather_layout(8, gl.num_warps()))
+
+    SH16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    # q, its RoPE part and the probabilities in one-buffer arrays: the loop takes buffer 0 through an index the
+    # compiler cannot see is constant (_zero), so it does not keep their ~70 wgmma descriptors (64 bits each) in
+    # registers across the loop (they spilled); the same for fp8_ds_mla's dequantised tile
+    q_s = gl.allocate_shared_memory(dt, [1, BLOCK_H, LATENT], SH16)
+    qr_s = gl.allocate_shared_memory(dt, [1, BLOCK_H, ROPE], SH16)
+    rope_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, ROPE], SH16)
+    pt_s = gl.allocate_shared_memory(dt, [1, BLOCK_N, BLOCK_H], _pt_layout(BLOCK_N, BLOCK_H, dt))
+    raw_s, sc_s, lat_s = _tile_buffers(dt, dt, FMT, BLOCK_N, STAGES)
+    _q_to_shared(q_nope_ptr, q_pe_ptr, i_t, i_hb, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H,
+                 q_s.index(0), qr_s.index(0), False, HAS_ROPE, BLOCK_H)
+    n_start, n_end, n_tiles = _row_range(topk_len_ptr, i_t, stride_tl, topk, i_s, split_len, BLOCK_N, HAS_TOPK_LEN)
+    idx_nx = _prologue(kv_ptr, idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, n_tiles, num_slots,
+                       block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, FMT, HAS_ROPE, BLOCK_N, STAGES)
+
+    o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, HEADS)
+    m_h = o_h < H
+    o_d = gl.arange(0, 128, ROWS)
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
+    b_l = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, A_L)  # each thread's partial sums, added up after the loop
+    b_a0 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
+    b_a1 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
+    b_a2 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
+    b_a3 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
+
+    if FMT == 2 and OVERLAP:
+        # fp8_ds_mla, software-pipelined: tile t + 1 is dequantised chunk by chunk while the output MMAs of tile t
+        # run, each chunk once the MMA that reads those columns of tile t is done
+        _ac.wait_group(STAGES - 2)
+        _barrier()  # tile 0 visible to every warp
+        idx_t = idx_nx
+        idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + STAGES * BLOCK_N, n_end, BLOCK_N, ROW)
+        if STAGES - 1 < n_tiles:
+            _issue(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s,
+                   STAGES - 1, FMT, HAS_ROPE)
+        _ac.commit_group()
+        if n_tiles > 0:
+            _dequant_tile_t(raw_s, sc_s, lat_s.index(0), 0, DEQ_W, SW_FP8)
+        hopper.fence_async_shared()
+        _barrier()  # tile 0 dequantised, q in place
+        for t in range(0, n_tiles):
+            st = t % STAGES
+            i_z = _zero(t)
+            k_t = lat_s.index(i_z)
+            p_t = pt_s.index(i_z)
+            b_s = _scores_t(k_t, q_s.index(i_z), rope_s.index(st), qr_s.index(i_z), BLOCK_N, BLOCK_H, HAS_ROPE, A_L)
+            idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N, ROWS)
+            b_p, b_alpha, b_m, b_l = _softmax_t(b_s, idx_c, num_slots, sm_scale_log2, b_m, b_l)
+            p_t.store(b_p.to(dt))
+            _ac.wait_group(STAGES - 2)
+            hopper.fence_async_shared()
+            _barrier()  # the probabilities and tile t + 1 visible; every warp done with the scores of tile t
+            t_nx = t + STAGES  # into the stage of tile t, whose bytes are dequantised and RoPE rows read
+            idx_t = idx_nx
+            idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (t_nx + 1) * BLOCK_N, n_end,
+                               BLOCK_N, ROW)
+            if t_nx < n_tiles:
+                _issue(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, st,
+                       FMT, HAS_ROPE)
+            _ac.commit_group()
+            b_a0 = _pv_t(k_t, p_t, 0, b_a0 * b_alpha[None, :])
+            b_a1 = _pv_t(k_t, p_t, 1, b_a1 * b_alpha[None, :])
+            b_a2 = _pv_t(k_t, p_t, 2, b_a2 * b_alpha[None, :])
+            b_a3 = _pv_t(k_t, p_t, 3, b_a3 * b_alpha[None, :])
+            more = t + 1 < n_tiles
+            st1 = (t + 1) % STAGES
+            b_a0 = hopper.warpgroup_mma_wait(3, deps=[b_a0])
+            _barrier()  # every warp's MMA of chunk 0 done: those columns of the tile may be overwritten
+            if more:
+                _dequant_chunk_t(raw_s, sc_s, k_t, st1, 0, DEQ_W, SW_FP8)
+            b_a1 = hopper.warpgroup_mma_wait(2, deps=[b_a1])
+            _barrier()
+            if more:
+                _dequant_chunk_t(raw_s, sc_s, k_t, st1, 1, DEQ_W, SW_FP8)
+            b_a2 = hopper.warpgroup_mma_wait(1, deps=[b_a2])
+            _barrier()
+            if more:
+                _dequant_chunk_t(raw_s, sc_s, k_t, st1, 2, DEQ_W, SW_FP8)
+            b_a3 = hopper.warpgroup_mma_wait(0, deps=[b_a3])
+            _barrier()
+            if more:
+                _dequant_chunk_t(raw_s, sc_s, k_t, st1, 3, DEQ_W, SW_FP8)
+            hopper.fence_async_shared()
+            _barrier()  # tile t + 1 dequantised; every warp done with the probabilities of tile t
+    else:
+        for t in range(0, n_tiles):
+            st = t % STAGES
+            _ac.wait_group(STAGES - 2)
+            # each thread's cp.async data (and, first, its q stores) ordered before the wgmma reads: fence, barrier
+            hopper.fence_async_shared()
+            _barrier()  # tile t and q visible; every warp done with tile t - 1 and its probabilities
+            t_nx = t + STAGES - 1
+            idx_t = idx_nx
+            idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (t_nx + 1) * BLOCK_N, n_end,
+                               BLOCK_N, ROW)
+            if t_nx < n_tiles:
+                _issue(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s,
+                       t_nx % STAGES, FMT, HAS_ROPE)
+            _ac.commit_group()
+            i_z = _zero(t)
+            p_t = pt_s.index(i_z)
+            if FMT == 2:
+                k_t = lat_s.index(i_z)
+                _dequant_tile_t(raw_s, sc_s, k_t, st, DEQ_W, SW_FP8)
+                hopper.fence_async_shared()
+                _barrier()
+            else:
+                k_t = lat_s.index(st)
+            b_s = _scores_t(k_t, q_s.index(i_z), rope_s.index(st), qr_s.index(i_z), BLOCK_N, BLOCK_H, HAS_ROPE, A_L)
+            # this tile's slot ids along the score rows, for the mask (loaded STAGES - 1 steps ago: a cache hit)
+            idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N, ROWS)
+            b_p, b_alpha, b_m, b_l = _softmax_t(b_s, idx_c, num_slots, sm_scale_log2, b_m, b_l)
+            p_t.store(b_p.to(dt))
+            hopper.fence_async_shared()
+            _barrier()  # every warp's probabilities in place
+            b_a0 = _pv_t(k_t, p_t, 0, b_a0 * b_alpha[None, :])
+            b_a1 = _pv_t(k_t, p_t, 1, b_a1 * b_alpha[None, :])
+            b_a2 = _pv_t(k_t, p_t, 2, b_a2 * b_alpha[None, :])
+            b_a3 = _pv_t(k_t, p_t, 3, b_a3 * b_alpha[None, :])
+            b_a0, b_a1, b_a2, b_a3 = hopper.warpgroup_mma_wait(0, deps=[b_a0, b_a1, b_a2, b_a3])
+    _ac.wait_group(0)  # no copy may outlive the program's shared memory
+
+    b_sum = gl.sum(b_l, 0)
+    b_inv = gl.where(b_sum > 0, 1.0 / b_sum, 0.0)
+    b_lse2 = gl.where(b_sum > 0, b_m + gl.log2(b_sum), float("-inf"))
+    _store_outputs_t(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s,
+                     stride_l_h, stride_sink, o_h, m_h, o_d, b_inv, b_lse2, b_a0, b_a1, b_a2, b_a3, SPLIT, HAS_SINK)
+
+
+launch_fwd_wgmma_t = CachedLauncher(_sparse_mla_fwd_wgmma_t)
+
+__all__ = ["launch_fwd_wgmma_t"]
