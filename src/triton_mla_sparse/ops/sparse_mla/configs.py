@@ -373,8 +373,6 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
         family = "tl"
     launch = replace(launch, programs_per_sm=overrides.pop("programs_per_sm", launch.programs_per_sm))
     block_h = overrides.pop("block_h", launch.block_h)
-    if family == "wgmma_t" and "block_h" not in given and H <= 8:
-        block_h = 8  # the heads are the MMAs' N: 8 heads take N = 8 (measured faster than 16 with 8 of them padding)
     block_n = overrides.pop("block_n", launch.prefill_block_n if kernel == "prefill" and launch.prefill_block_n
                             else launch.block_n)
     if arch is not None and not interpreting() and block_h > MAX_BLOCK_H.get(arch.name, 64):

@@ -95,15 +95,6 @@ def _scores_t(k_t, q_t, rope_t, qr_t, BLOCK_N: gl.constexpr, BLOCK_H: gl.constex
 
 
 @gluon.jit
-def _chunk_scores(k_t, q_t, C: gl.constexpr, acc, use_acc: gl.constexpr):
-    """Issue latent chunk ``C``'s part of the transposed scores (two 64-column MMAs)."""
-    acc = hopper.warpgroup_mma(k_t.slice(C * 128, 64, dim=1), q_t.slice(C * 128, 64, dim=1).permute([1, 0]), acc,
-                               use_acc=use_acc, is_async=True)
-    return hopper.warpgroup_mma(k_t.slice(C * 128 + 64, 64, dim=1), q_t.slice(C * 128 + 64, 64, dim=1).permute([1, 0]),
-                                acc, is_async=True)
-
-
-@gluon.jit
 def _pv_t(k_t, p_t, C: gl.constexpr, acc):
     """Issue the output MMA of latent chunk ``C``: ``Vᵀ_C · Pᵀ``."""
     return hopper.warpgroup_mma(k_t.slice(C * 128, 128, dim=1).permute([1, 0]), p_t, acc, is_async=True)
@@ -201,8 +192,7 @@ def _sparse_mla_fwd_wgmma_t(
 
     if FMT == 2 and OVERLAP:
         # fp8_ds_mla, software-pipelined: tile t + 1 is dequantised chunk by chunk while the output MMAs of tile t
-        # run, each chunk once the MMA that reads those columns of tile t is done, and the score MMAs of tile t + 1
-        # over a chunk are issued as soon as it is dequantised (they run while the next chunk is)
+        # run, each chunk once the MMA that reads those columns of tile t is done
         _ac.wait_group(STAGES - 2)
         _barrier()  # tile 0 visible to every warp
         idx_t = idx_nx
@@ -215,21 +205,14 @@ def _sparse_mla_fwd_wgmma_t(
             _dequant_tile_t(raw_s, sc_s, lat_s.index(0), 0, DEQ_W, SW_FP8)
         hopper.fence_async_shared()
         _barrier()  # tile 0 dequantised, q in place
-        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, A_L)
-        b_s = _chunk_scores(lat_s.index(0), q_s.index(0), 0, zero, False)
-        for c in gl.static_range(1, LATENT // 128):
-            b_s = _chunk_scores(lat_s.index(0), q_s.index(0), c, b_s, True)
-        if HAS_ROPE:
-            b_s = hopper.warpgroup_mma(rope_s.index(0), qr_s.index(0).permute([1, 0]), b_s, is_async=True)
         for t in range(0, n_tiles):
             st = t % STAGES
             i_z = _zero(t)
             k_t = lat_s.index(i_z)
             p_t = pt_s.index(i_z)
-            q_t = q_s.index(i_z)
-            b_sv = hopper.warpgroup_mma_wait(0, deps=[b_s])  # the scores of tile t, issued during step t - 1
+            b_s = _scores_t(k_t, q_s.index(i_z), rope_s.index(st), qr_s.index(i_z), BLOCK_N, BLOCK_H, HAS_ROPE, A_L)
             idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N, ROWS)
-            b_p, b_alpha, b_m, b_l = _softmax_t(b_sv, idx_c, num_slots, sm_scale_log2, b_m, b_l)
+            b_p, b_alpha, b_m, b_l = _softmax_t(b_s, idx_c, num_slots, sm_scale_log2, b_m, b_l)
             p_t.store(b_p.to(dt))
             _ac.wait_group(STAGES - 2)
             hopper.fence_async_shared()
@@ -246,40 +229,26 @@ def _sparse_mla_fwd_wgmma_t(
             b_a1 = _pv_t(k_t, p_t, 1, b_a1 * b_alpha[None, :])
             b_a2 = _pv_t(k_t, p_t, 2, b_a2 * b_alpha[None, :])
             b_a3 = _pv_t(k_t, p_t, 3, b_a3 * b_alpha[None, :])
-            # (after the last tile the scores are issued on the stale tile and never read)
             more = t + 1 < n_tiles
             st1 = (t + 1) % STAGES
-            b_a0 = hopper.warpgroup_mma_wait(3, deps=[b_a0])  # groups in flight after: O 1-3
+            b_a0 = hopper.warpgroup_mma_wait(3, deps=[b_a0])
             _barrier()  # every warp's MMA of chunk 0 done: those columns of the tile may be overwritten
             if more:
                 _dequant_chunk_t(raw_s, sc_s, k_t, st1, 0, DEQ_W, SW_FP8)
-            hopper.fence_async_shared()
-            _barrier()  # chunk 0 of tile t + 1 in place
-            b_s = _chunk_scores(k_t, q_t, 0, zero, False)
-            b_a1 = hopper.warpgroup_mma_wait(4, deps=[b_a1])  # after: O 2-3, S chunk 0 (two groups)
+            b_a1 = hopper.warpgroup_mma_wait(2, deps=[b_a1])
             _barrier()
             if more:
                 _dequant_chunk_t(raw_s, sc_s, k_t, st1, 1, DEQ_W, SW_FP8)
-            hopper.fence_async_shared()
-            _barrier()
-            b_s = _chunk_scores(k_t, q_t, 1, b_s, True)
-            b_a2 = hopper.warpgroup_mma_wait(5, deps=[b_a2])  # after: O 3, S chunks 0-1
+            b_a2 = hopper.warpgroup_mma_wait(1, deps=[b_a2])
             _barrier()
             if more:
                 _dequant_chunk_t(raw_s, sc_s, k_t, st1, 2, DEQ_W, SW_FP8)
-            hopper.fence_async_shared()
-            _barrier()
-            b_s = _chunk_scores(k_t, q_t, 2, b_s, True)
-            b_a3 = hopper.warpgroup_mma_wait(6, deps=[b_a3])  # after: S chunks 0-2
+            b_a3 = hopper.warpgroup_mma_wait(0, deps=[b_a3])
             _barrier()
             if more:
                 _dequant_chunk_t(raw_s, sc_s, k_t, st1, 3, DEQ_W, SW_FP8)
             hopper.fence_async_shared()
             _barrier()  # tile t + 1 dequantised; every warp done with the probabilities of tile t
-            b_s = _chunk_scores(k_t, q_t, 3, b_s, True)
-            if HAS_ROPE:
-                b_s = hopper.warpgroup_mma(rope_s.index(st1), qr_s.index(i_z).permute([1, 0]), b_s, is_async=True)
-        hopper.warpgroup_mma_wait(0, deps=[b_s])
     else:
         for t in range(0, n_tiles):
             st = t % STAGES
