@@ -76,9 +76,10 @@ _ENV_MODES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
 SM120_PEER = "FLASHINFER_MLA_SPARSE_SM120"
 #: Where ours goes first although vLLM has sparse backends of its own there, because the bench measured it the
 #: fastest: (compute capability major, vLLM kv-cache dtype) -> the most heads per GPU. SM 9.x, fp8_ds_mla, <= 16
-#: heads (benchmarks/results/h200-2026-12-01.json, graph replay: decode B=64 h8 / h16 0.064 / 0.065 ms against
-#: FlashMLA's 0.078 / 0.078, B=256 h16 0.225 against 0.223, prefill h16 3.30 against 3.31 ms); at 32 heads FlashMLA
-#: is faster (0.078 against 0.092), and FLASH_ATTN_MLA_SPARSE ties ours with bf16 caches.
+#: heads (benchmarks/results/h200-2026-12-02.json, graph replay: decode B=64 h8 / h16 0.059 / 0.059 ms against
+#: FlashMLA's 0.078 / 0.078, B=256 h16 0.208 against 0.223, prefill h16 3.12 against 3.31 ms). Faster too there, not
+#: yet run in a live engine: fp8_ds_mla decode at 32 heads (0.067 against 0.078) and bf16 decode at 8-32 heads
+#: (0.047-0.054 against FLASH_ATTN_MLA_SPARSE's 0.052-0.058).
 FASTEST_FIRST = {(9, "fp8_ds_mla"): 16}
 #: vLLM 0.33's only sparse MLA backend on ROCm (``vllm.platforms.rocm._get_backend_priorities``).
 ROCM_PEER = "ROCM_AITER_MLA_SPARSE"

@@ -139,17 +139,16 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
                              f16_dot=cc == "fp8_ds_mla")
                 for hc in (16, 32, 64) for cc in ("16bit", "fp8_e4m3", "fp8_ds_mla")},
 }
-# The Gluon kernels where they were measured faster than the tl kernel on the H200 (benchmarks/NOTES.md, 2026-12-01
-# sessions 5 and 6; decode by graph replay, prefill by do_bench): mma2 (kernels_mma2.py: cp.async gathers STAGES - 1
-# tiles ahead, mma.sync) at <= 16 heads (bf16 decode B=64 0.052 / 0.054 ms vs 0.065 / 0.067; bf16 prefill with one
-# buffer of 64-row tiles, the other resident program hiding its latency, 1.85 vs 2.17 ms; fp8_ds_mla decode 0.066
-# vs 0.100, prefill 3.33 vs 4.60); wgmma (kernels_wgmma.py: 64-head blocks, two warpgroups) from 32 heads on
-# (decode h32 bf16 0.071 vs 0.105, fp8_ds_mla 0.092 vs mma2's 0.102; h128 bf16 0.137 vs 0.254, fp8_ds_mla 0.174
-# vs 0.470; prefill h128 bf16 6.55 vs 13.5, fp8_ds_mla 9.1 vs 26.0). fp8_ds_mla runs bf16 tiles of exact values
-# (f16_dot off): faster than the float16 tiles in chunk units at every measured shape (h16 decode 0.066 vs 0.069,
-# h128 0.174 vs 0.240) and free of their range limit. Elsewhere (sm80, sm86/89/120: unmeasured, no such GPU) the
-# entries fit the shared memory: 16-head blocks of 32-row tiles. Everything else, and every problem under the
-# interpreter, runs the tl kernel of TABLE.
+# The Gluon kernels where they were measured faster than the tl kernel on the H200 (benchmarks/NOTES.md, sessions 5-7;
+# decode by graph replay, prefill by do_bench): wgmma_t (kernels_wgmma_t.py: tile rows along M, heads along N, one
+# warpgroup) decodes at <= 32 heads (bf16 h16 B=64 0.048 ms vs mma2's 0.052, h32 0.053 vs wgmma's 0.064; fp8_ds_mla
+# h16 0.059 vs 0.066, h32 0.067 vs 0.084) and prefills fp8_ds_mla at <= 16 heads (3.15 vs 3.30); mma2 (kernels_mma2.py:
+# cp.async gathers, mma.sync) keeps bf16 prefill at <= 16 heads (one buffer of 64-row tiles: 1.86 vs wgmma_t's 2.06);
+# wgmma (kernels_wgmma.py: 64-head blocks, two warpgroups) runs 64+ heads and 32-head prefill (h128 bf16 decode 0.131
+# vs 0.254, prefill 6.5 vs 13.5). fp8_ds_mla runs bf16 tiles of exact values (f16_dot off): faster than the float16
+# tiles in chunk units at every measured shape and free of their range limit. Elsewhere (sm80, sm86/89/120:
+# unmeasured, no such GPU) the entries fit the shared memory: 16-head blocks of 32-row tiles. Everything else, and
+# every problem under the interpreter, runs the tl kernel of TABLE.
 _M = functools.partial(Launch, family="mma2")
 _W = functools.partial(Launch, family="wgmma")
 _T = functools.partial(Launch, family="wgmma_t")
