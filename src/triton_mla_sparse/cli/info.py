@@ -4,12 +4,17 @@ is unsupported, all read from :mod:`triton_mla_sparse.capabilities` and the atte
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..capabilities import ARCHS, D_ROPES, MAX_HEADS, MAX_TOPK, Q_DTYPES, arch_for_device, describe_device, \
     unsupported_reasons
 from ..formats import D_V, KV_FORMATS
+
+if TYPE_CHECKING:
+    from ..ops.sparse_mla.configs import Launch
 
 
 def run_info(arch_name: str | None = None) -> int:
@@ -55,18 +60,29 @@ def run_info(arch_name: str | None = None) -> int:
             native = {"16bit": "bf16"}.get(cc, cc)
             if launch is None or not gluon_supported(launch.family, arch, native):
                 launch = TABLE[arch.name][(hc, cc)]
-            stages = f"s{launch.num_stages}" + (f"/prefill s{launch.prefill_stages}" if launch.prefill_stages else "")
-            bn = f"bn{launch.block_n}" + (f"/prefill bn{launch.prefill_block_n}" if launch.prefill_block_n else "")
-            flags = "".join(f" +{k}" for k in ("low_reg", "f16_dot") if getattr(launch, k))
-            flags += f" reg{launch.max_registers}" if launch.max_registers is not None else ""
-            cells.append(f"{cc}: {launch.family} bh{launch.block_h} {bn} w{launch.num_warps} {stages} "
-                         f"x{launch.programs_per_sm}{flags}")
+            cell = f"{cc}: {_describe(launch)}"
+            if launch.prefill is not None and gluon_supported(launch.prefill.family, arch, native):
+                pre = replace(launch.prefill, block_n=launch.prefill.prefill_block_n or launch.prefill.block_n,
+                              num_stages=launch.prefill.prefill_stages or launch.prefill.num_stages,
+                              prefill_block_n=None, prefill_stages=None)
+                cell += f"; prefill {_describe(pre)}"
+            cells.append(cell)
         print(f"  H<={hc if hc < 64 else MAX_HEADS:3d}  " + " | ".join(cells))
     print("unsupported here (rejected up front with these reasons):")
     for reason in unsupported_reasons(arch, heads=MAX_HEADS + 1, topk=MAX_TOPK + 1, d_rope=32, kv_format="int8",
                                       q_dtype=torch.float32):
         print(f"  - {reason}")
     return 0
+
+
+def _describe(launch: Launch) -> str:
+    """One launch-table entry: family, block_h, block_n, warps, stages, programs/SM and its variants."""
+    stages = f"s{launch.num_stages}" + (f"/prefill s{launch.prefill_stages}" if launch.prefill_stages else "")
+    bn = f"bn{launch.block_n}" + (f"/prefill bn{launch.prefill_block_n}" if launch.prefill_block_n else "")
+    flags = "".join(f" +{k}" for k in ("low_reg", "f16_dot", "overlap") if getattr(launch, k))
+    flags += f" reg{launch.max_registers}" if launch.max_registers is not None else ""
+    flags += f" waves<={launch.max_waves}" if launch.max_waves != 2 else ""
+    return f"{launch.family} bh{launch.block_h} {bn} w{launch.num_warps} {stages} x{launch.programs_per_sm}{flags}"
 
 
 def _run(args: argparse.Namespace) -> int:

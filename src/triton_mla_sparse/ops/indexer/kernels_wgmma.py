@@ -16,8 +16,8 @@ written out instead of left to Triton's pipeliner:
 * q of the row sits in shared memory (heads padded to ``BLOCK_H`` with zeros) and each tile's scores are one
   warpgroup MMA ``k [64, 128] · qᵀ [128, BLOCK_H]`` on e4m3 operands, both K-major as fp8 wgmma requires;
 * the epilogue keeps each position's heads in one row of the accumulator (one thread and its three neighbour
-  lanes): ReLU, times the weights, the sum over heads, then times the position's scale (vLLM's scales are
-  amax / 448 >= 0, which commute with the ReLU), masked, stored as 64 float32 logits.
+  lanes): times the position's scale, ReLU, times the weights, the sum over heads, masked, stored as 64 float32
+  logits.
 
 Four warps (one warpgroup) per program; shared memory ``STAGES · (8192 + 256) + BLOCK_H · 128`` bytes.
 """
@@ -179,8 +179,9 @@ def _indexer_logits_wgmma(
         blk_nx = _table_entry(bt_row, j + 1, n_tiles, col0, max_blocks, stride_bt_c)
 
         b_s = hopper.warpgroup_mma(k_s.index(st), q_t, gl.zeros([TILE, BLOCK_H], gl.float32, ACC), use_acc=False)
-        # the scale after the head sum: relu(x · s) = relu(x) · s for s >= 0
-        b_v = gl.sum(gl.maximum(b_s, 0.0) * b_w[None, :], 1) * sc_s.index(st).load(gl.SliceLayout(1, ACC))
+        # relu of the scaled score, as the reference (a negative or non-finite scale gives what it gives)
+        b_sc = sc_s.index(st).load(gl.SliceLayout(1, ACC))
+        b_v = gl.sum(gl.maximum(b_s * b_sc[:, None], 0.0) * b_w[None, :], 1)
         o_k = k0 + i * TILE + o_p
         ok_i = ((ok_bits >> st) & 1) != 0
         gl.store(out_row + o_k.to(gl.int64) * stride_o_p, gl.where(ok_i & (o_k < hi), b_v, float("-inf")),

@@ -155,6 +155,7 @@ _T = functools.partial(Launch, family="wgmma_t")
 GLUON_CACHE_CLASSES = ("16bit", "fp8_ds_mla")
 GLUON_FAMILIES = ("mma2", "wgmma", "wgmma_t")
 HOPPER_FAMILIES = ("wgmma", "wgmma_t")  # warpgroup MMAs: sm90 only
+GLUON_ONLY_SWITCHES = ("overlap",)  # AttentionConfig switches of a Gluon kernel (the tl kernel refuses them)
 GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
     "sm90": {
         # decode: wgmma_t (tile rows along M, one warpgroup, one program per SM, one wave of splits); bf16 prefill at
@@ -277,7 +278,16 @@ def gluon_supported(family: str, arch: Arch | None, kv_format: str, q_dtype: tor
     return native is not None and (q_dtype is None or q_dtype == native)
 
 
-def gluon_config_problem(cfg: AttentionConfig) -> str | None:
+def wgmma_t_shared_bytes(cfg: AttentionConfig, fp8: bool) -> int:
+    """Shared memory of a wgmma_t build (kernels_wgmma_t.py's buffers, and 1 KB for the compiler's reduction
+    scratch): the stages' rows (fp8_ds_mla: latent bytes, scales, bf16 RoPE; else 576 16-bit values), fp8_ds_mla's
+    dequantised tile, q and the transposed probabilities."""
+    row = 512 + 16 + 128 if fp8 else 576 * 2
+    deq = cfg.block_n * 512 * 2 if fp8 else 0
+    return cfg.num_stages * cfg.block_n * row + deq + cfg.block_h * 576 * 2 + cfg.block_n * cfg.block_h * 2 + 1024
+
+
+def gluon_config_problem(cfg: AttentionConfig, kv_format: str | None = None, arch: Arch | None = None) -> str | None:
     """Why a Gluon config cannot be built as given (``None`` when it can): wgmma runs 64-head blocks on 8 warps with
     32- or 64-row tiles and at least two stages; wgmma_t runs 8-, 16- or 32-head blocks of 64-row tiles on one
     warpgroup (or two, each with half the heads) with at least two stages; mma2 runs 16-, 32- or 64-head blocks of 32- or 64-row tiles on 4
@@ -292,6 +302,12 @@ def gluon_config_problem(cfg: AttentionConfig) -> str | None:
             return f"num_stages: the wgmma_t kernel needs at least 2, got {cfg.num_stages}"
         if cfg.f16_dot:
             return "f16_dot: the wgmma_t kernel dots bf16 tiles of exact values only"
+        if kv_format is not None and arch is not None:
+            need = wgmma_t_shared_bytes(cfg, cache_class(kv_format) == "fp8_ds_mla")
+            if need > arch.shared_bytes:
+                return (f"num_stages / block_h: the wgmma_t kernel with {cfg.num_stages} stages of {cfg.block_n} "
+                        f"{kv_format} rows and {cfg.block_h}-head blocks needs {need} bytes of shared memory, "
+                        f"{arch.name} has {arch.shared_bytes}")
     elif cfg.family == "wgmma":
         if cfg.block_h != 64 or cfg.num_warps != 8:
             return (f"block_h / num_warps: the wgmma kernel runs block_h 64 on 8 warps, got {cfg.block_h} / "
@@ -400,7 +416,7 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
         raise ValueError(f"max_registers: expected None or an int in [32, 255], got {reg!r}")
     if reg is not None and arch is not None and arch.backend != "cuda" and not interpreting():
         raise ValueError(f"max_registers: a cap of ptxas (NVIDIA) with no equivalent on {arch.name}, got {reg}")
-    problem = gluon_config_problem(cfg)
+    problem = gluon_config_problem(cfg, kv_format, arch)
     if problem is not None:
         if "family" in given:
             raise ValueError(problem)
