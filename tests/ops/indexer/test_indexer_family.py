@@ -165,8 +165,9 @@ def test_launch_falls_back_to_the_tl_kernel(zero_ws):
         assert bool((ws == 0).all())
 
 
-def test_the_wgmma_launcher_builds_on_the_cpu():
-    """The Gluon module imports without a GPU and its launcher takes the kernel's constexprs last."""
+def test_the_wgmma_launcher_imports_on_the_cpu():
+    """The Gluon module imports without a GPU and its launcher takes the kernel's constexprs last (the compile
+    matrix builds it: tests/common/test_compile_matrix.py)."""
     from triton_mla_sparse.ops.indexer import kernels_wgmma
 
     assert kernels_wgmma.launch_logits_wgmma.names[-3:] == ["BLOCK_H", "STAGES", "ZERO_WS"]

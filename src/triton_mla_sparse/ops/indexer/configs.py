@@ -26,8 +26,9 @@ __all__ = ["FAMILIES", "SELECTS", "IndexerConfig", "choose_indexer_config", "ind
            "wgmma_config_problem", "wgmma_refusal"]
 
 FAMILIES = ("tl", "wgmma")
-# The wgmma kernel's ring depth and chunk (unmeasured: 4 stages keep 3 blocks in flight per program with 5
-# programs per SM, 16 tiles = 1024 positions per program; benchmarks/scripts/indexer_sweep.py sweeps both)
+# The wgmma kernel's ring depth and chunk: 4 stages (3 blocks in flight per program, 5 programs per SM) of 16
+# tiles (1024 positions per program), the fastest at 64 heads x 128K on the H200 (0.285 ms; 8 tiles 0.293, 32 tiles
+# 0.291, 6 stages 0.323; at 32K 8 tiles measured 4 % faster: benchmarks/NOTES.md, session 7)
 WGMMA_STAGES = 4
 WGMMA_CHUNK_TILES = 16
 WGMMA_BLOCK = 64  # the wgmma kernel's tile: one block of vLLM's indexer cache

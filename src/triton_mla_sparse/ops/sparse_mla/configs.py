@@ -3,7 +3,8 @@
 No autotuning at call time (it would re-benchmark inside a CUDA-graph capture): every choice is a pure function
 of the architecture family, the problem's shape and the device's multiprocessor count. :data:`TABLE` holds one
 entry per (architecture, head class, cache class) for the tl kernel (kernels.py), :data:`GLUON_TABLE` the entries
-where a Gluon kernel (kernels_mma2.py, kernels_wgmma.py) runs instead; the compile-matrix test builds every entry
+where a Gluon kernel (kernels_mma2.py, kernels_wgmma.py, kernels_wgmma_t.py) runs instead (an entry may name
+another entry for the prefill kernel: :attr:`Launch.prefill`); the compile-matrix test builds every entry
 choose_config can pick for its target and checks shared memory against the architecture's budget and (NVIDIA) that
 ptxas reports no spills.
 """
@@ -144,7 +145,8 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
 # warpgroup) decodes at <= 32 heads (bf16 h16 B=64 0.048 ms vs mma2's 0.052, h32 0.053 vs wgmma's 0.064; fp8_ds_mla
 # h16 0.059 vs 0.066, h32 0.067 vs 0.084) and prefills fp8_ds_mla at <= 16 heads (3.15 vs 3.30); mma2 (kernels_mma2.py:
 # cp.async gathers, mma.sync) keeps bf16 prefill at <= 16 heads (one buffer of 64-row tiles: 1.86 vs wgmma_t's 2.06);
-# wgmma (kernels_wgmma.py: 64-head blocks, two warpgroups) runs 64+ heads and 32-head prefill (h128 bf16 decode 0.131
+# wgmma (kernels_wgmma.py: 64-head blocks, two warpgroups) runs more than 32 heads and (unmeasured against wgmma_t)
+# 32-head prefill (h128 bf16 decode 0.131
 # vs 0.254, prefill 6.5 vs 13.5). fp8_ds_mla runs bf16 tiles of exact values (f16_dot off): faster than the float16
 # tiles in chunk units at every measured shape and free of their range limit. Elsewhere (sm80, sm86/89/120:
 # unmeasured, no such GPU) the entries fit the shared memory: 16-head blocks of 32-row tiles. Everything else, and
@@ -179,7 +181,7 @@ GLUON_TABLE["sm89"] = GLUON_TABLE["sm86"]
 GLUON_TABLE["sm120"] = GLUON_TABLE["sm86"]
 # what a forced family runs where the table has no entry of it
 _GLUON_DEFAULT = {"mma2": _M(16, 32, 4, 2, 1), "wgmma": _W(64, 64, 8, 2, 1),
-                  "wgmma_t": _T(16, 64, 4, 2, 1, max_waves=1)}
+                  "wgmma_t": _T(16, 64, 4, 2, 1, max_waves=1, overlap=True)}
 
 # Head blocks a target cannot build: on sm100/sm110 a 64-head block's accumulators need 576 of the 512 tensor-memory
 # columns (triton 3.9 compiles it to a bare trap, 3.6 asks 451 KB of shared memory); on RDNA it spills registers.
@@ -223,7 +225,8 @@ class AttentionConfig:
     programs_per_sm: int = 1  # resident programs per multiprocessor (registers/shared memory bound)
     combine_block_h: int = 8
     combine_warps: int = 4
-    family: str = "tl"  # which kernel: "tl" (kernels.py), "mma2" / "wgmma" (kernels_mma2.py / kernels_wgmma.py)
+    family: str = "tl"  # which kernel: "tl" (kernels.py), "mma2" / "wgmma" / "wgmma_t" (kernels_mma2.py /
+    # kernels_wgmma.py / kernels_wgmma_t.py)
     max_registers: int | None = None  # NVIDIA: registers per thread the build may use (ptxas maxnreg); None: its own
     overlap: bool = False  # wgmma_t with fp8_ds_mla: the next tile dequantised during this one's output MMAs
 
@@ -340,10 +343,11 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     row gathered for a row is shared by up to ``block_h`` heads), the tile and the warps. The prefill kernel is
     chosen when rows × head blocks alone fill two waves of resident programs; otherwise the decode kernel splits
     each row's list so that the grid fills whole waves. ``overrides`` replace any field (tests and benchmarks use
-    them to reach a specific configuration; ``family`` ``"tl"``, ``"mma2"`` or ``"wgmma"`` picks the kernel, whose
-    table entry then applies; ``programs_per_sm`` also sizes the split count). A Gluon kernel (``GLUON_TABLE``) runs
-    where it has an entry for the problem's classes and :func:`gluon_supported` holds (``q_dtype``: q's dtype, when
-    known); the tl kernel everywhere else. Overrides that a table-chosen Gluon kernel cannot take
+    them to reach a specific configuration; ``family`` ``"tl"``, ``"mma2"``, ``"wgmma"`` or ``"wgmma_t"`` picks the
+    kernel, whose table entry then applies — the class's entry or its prefill entry, whichever is of that family;
+    ``programs_per_sm`` also sizes the split count). A Gluon kernel (``GLUON_TABLE``) runs where it has an entry for
+    the problem's classes and :func:`gluon_supported` holds (``q_dtype``: q's dtype, when known), the prefill kernel
+    the entry's :attr:`Launch.prefill` where it has one; the tl kernel everywhere else. Overrides that a table-chosen Gluon kernel cannot take
     (:func:`gluon_config_problem`) give the tl kernel with them; with ``family`` given they raise ``ValueError``.
     """
     if kernel not in KERNELS:

@@ -13,8 +13,11 @@ each tile. This kernel swaps the operands instead, so M is the 64 rows of a tile
 
 The memory pipeline, grid, arguments and outputs are those of :mod:`.kernels_mma2` (whose helpers it uses):
 cp.async row gathers STAGES − 1 tiles ahead, fp8_ds_mla rows dequantised once per tile into a bf16 tile of exact
-values. One warpgroup per program; a 64-row tile of bf16 rows takes 72 KB per stage, so a program fills most of an
-SM's shared memory and the stages, not other programs, hide the gathers' latency.
+values. With ``OVERLAP`` (fp8_ds_mla) the loop is software-pipelined: the next tile is dequantised one 128-column
+chunk at a time while this tile's four output MMAs run, each chunk only after the MMA that reads those columns has
+completed in every warp (a wait, then a barrier). One warpgroup per program (8 warps: two, each MMA on half the
+heads — measured slower, kept buildable); a 64-row tile of bf16 rows takes 72 KB per stage, so a program fills most
+of an SM's shared memory and the stages, not other programs, hide the gathers' latency.
 """
 
 from __future__ import annotations
