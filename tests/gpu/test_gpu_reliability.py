@@ -344,12 +344,13 @@ def test_garbage_indices_stay_in_bounds(fmt, d_qk):
         assert torch.all(out[0] == 0) and torch.all(lse[0] == -math.inf)  # row 0: nothing valid
 
 
-GLUON_MEMCHECK = [("mma2", 16, {}), ("wgmma", 64, {}), ("wgmma_t", 16, {}), ("wgmma_t", 16, {"overlap": True})]
+GLUON_MEMCHECK = [("mma2", 16, {}), ("wgmma", 64, {}), ("wgmma_t", 16, {"overlap": False}),
+                  ("wgmma_t", 16, {"overlap": True})]
 
 
 @pytest.mark.memcheck
 @pytest.mark.parametrize("family,H,extra", GLUON_MEMCHECK,
-                         ids=[f"{f}-h{h}" + "".join(f"-{k}" for k in e) for f, h, e in GLUON_MEMCHECK])
+                         ids=[f"{f}-h{h}" + "".join(f"-{k}-{v}" for k, v in e.items()) for f, h, e in GLUON_MEMCHECK])
 @pytest.mark.parametrize("fmt,d_qk", [("bf16", 576), ("fp8_ds_mla", 576), ("fp8_ds_mla", 512)])
 def test_gluon_garbage_indices_stay_in_bounds(gluon_launches, family, H, extra, fmt, d_qk):
     """The Gluon kernels (asked for by family) on the setting above: garbage indices, a cache whose last row ends its
