@@ -293,8 +293,9 @@ def wgmma_t_shared_bytes(cfg: AttentionConfig, fp8: bool) -> int:
 def gluon_config_problem(cfg: AttentionConfig, kv_format: str | None = None, arch: Arch | None = None) -> str | None:
     """Why a Gluon config cannot be built as given (``None`` when it can): wgmma runs 64-head blocks on 8 warps with
     32- or 64-row tiles and at least two stages; wgmma_t runs 8-, 16- or 32-head blocks of 64-row tiles on one
-    warpgroup (or two, each with half the heads) with at least two stages; mma2 runs 16-, 32- or 64-head blocks of 32- or 64-row tiles on 4
-    or 8 warps (what the GPU tier covers); none takes the tl kernel's low-register variant."""
+    warpgroup (or two, each with half the heads) with at least two stages, within ``arch``'s shared memory for
+    ``kv_format`` (when both are given); mma2 runs 16-, 32- or 64-head blocks of 32- or 64-row tiles on 4 or 8 warps
+    (what the GPU tier covers); none takes the tl kernel's low-register variant."""
     if cfg.family == "wgmma_t":
         if cfg.block_h not in (8, 16, 32) or cfg.num_warps not in (4, 8) or cfg.block_h // (cfg.num_warps // 4) < 8:
             return (f"block_h / num_warps: the wgmma_t kernel runs block_h 8, 16 or 32 on 4 warps (16 or 32 on 8), got "
@@ -347,8 +348,9 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     kernel, whose table entry then applies — the class's entry or its prefill entry, whichever is of that family;
     ``programs_per_sm`` also sizes the split count). A Gluon kernel (``GLUON_TABLE``) runs where it has an entry for
     the problem's classes and :func:`gluon_supported` holds (``q_dtype``: q's dtype, when known), the prefill kernel
-    the entry's :attr:`Launch.prefill` where it has one; the tl kernel everywhere else. Overrides that a table-chosen Gluon kernel cannot take
-    (:func:`gluon_config_problem`) give the tl kernel with them; with ``family`` given they raise ``ValueError``.
+    the entry's :attr:`Launch.prefill` where it has one; the tl kernel everywhere else. Overrides that a table-chosen
+    Gluon kernel cannot take (:func:`gluon_config_problem`) give the tl kernel with them; with ``family`` given they
+    raise ``ValueError``.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
