@@ -8,8 +8,8 @@ each tile. This kernel swaps the operands instead, so M is the 64 rows of a tile
   memory; one warpgroup, 8 registers per thread at 16 heads);
 * the softmax runs along the rows (axis 0); each thread keeps its own partial row sums, added up once at the end;
 * output, transposed: ``Oᵀ [512, BLOCK_H] = Vᵀ [512, 64] · Pᵀ [64, BLOCK_H]``, Vᵀ read from the tile in shared
-  memory in its stored order (an M-major operand) and Pᵀ written to shared memory once per tile; four ``[128, BLOCK_H]``
-  float32 accumulators (64 registers per thread at 16 heads).
+  memory in its stored order (an M-major operand) and Pᵀ written to shared memory once per tile; four
+  ``[128, BLOCK_H]`` float32 accumulators (64 registers per thread at 16 heads).
 
 The memory pipeline, grid, arguments and outputs are those of :mod:`.kernels_mma2` (whose helpers it uses):
 cp.async row gathers STAGES − 1 tiles ahead, fp8_ds_mla rows dequantised once per tile into a bf16 tile of exact
