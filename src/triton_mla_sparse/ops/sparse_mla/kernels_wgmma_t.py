@@ -78,6 +78,19 @@ def _dequant_tile_t(raw_s, sc_s, deq_s, st, W: gl.constexpr, SW_FP8: gl.constexp
 
 
 @gluon.jit
+def _dequant_after_pv(acc, YOUNGER: gl.constexpr, more, raw_s, sc_s, deq_s, st, C: gl.constexpr,
+                      SW_FP8: gl.constexpr):
+    """The overlap loop's step for latent chunk ``C``: wait for this tile's output MMA of the chunk (``YOUNGER``
+    MMAs issued after it may still run), then — once every warp's is done, so no MMA still reads those columns —
+    dequantise chunk ``C`` of the next tile (stage ``st``) into them, if there is one. Returns the accumulator."""
+    acc = hopper.warpgroup_mma_wait(YOUNGER, deps=[acc])
+    _barrier()
+    if more:
+        _dequant_chunk_t(raw_s, sc_s, deq_s, st, C, DEQ_W, SW_FP8)
+    return acc
+
+
+@gluon.jit
 def _zero(t):
     """0, computed from the loop counter ``t`` by an instruction the compiler cannot see through."""
     return gl.inline_asm_elementwise("and.b32 $0, $1, 0;", "=r,r", [t], dtype=gl.int32, is_pure=False, pack=1)
@@ -234,22 +247,10 @@ def _sparse_mla_fwd_wgmma_t(
             b_a3 = _pv_t(k_t, p_t, 3, b_a3 * b_alpha[None, :])
             more = t + 1 < n_tiles
             st1 = (t + 1) % STAGES
-            b_a0 = hopper.warpgroup_mma_wait(3, deps=[b_a0])
-            _barrier()  # every warp's MMA of chunk 0 done: those columns of the tile may be overwritten
-            if more:
-                _dequant_chunk_t(raw_s, sc_s, k_t, st1, 0, DEQ_W, SW_FP8)
-            b_a1 = hopper.warpgroup_mma_wait(2, deps=[b_a1])
-            _barrier()
-            if more:
-                _dequant_chunk_t(raw_s, sc_s, k_t, st1, 1, DEQ_W, SW_FP8)
-            b_a2 = hopper.warpgroup_mma_wait(1, deps=[b_a2])
-            _barrier()
-            if more:
-                _dequant_chunk_t(raw_s, sc_s, k_t, st1, 2, DEQ_W, SW_FP8)
-            b_a3 = hopper.warpgroup_mma_wait(0, deps=[b_a3])
-            _barrier()
-            if more:
-                _dequant_chunk_t(raw_s, sc_s, k_t, st1, 3, DEQ_W, SW_FP8)
+            b_a0 = _dequant_after_pv(b_a0, 3, more, raw_s, sc_s, k_t, st1, 0, SW_FP8)
+            b_a1 = _dequant_after_pv(b_a1, 2, more, raw_s, sc_s, k_t, st1, 1, SW_FP8)
+            b_a2 = _dequant_after_pv(b_a2, 1, more, raw_s, sc_s, k_t, st1, 2, SW_FP8)
+            b_a3 = _dequant_after_pv(b_a3, 0, more, raw_s, sc_s, k_t, st1, 3, SW_FP8)
             hopper.fence_async_shared()
             _barrier()  # tile t + 1 dequantised; every warp done with the probabilities of tile t
     else:
