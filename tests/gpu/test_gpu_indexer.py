@@ -36,23 +36,6 @@ SM90 = _is_sm90()
 sm90_only = pytest.mark.skipif(not SM90, reason="the wgmma logits kernel runs on sm90")
 
 
-@pytest.fixture
-def wgmma_launches(monkeypatch):
-    """Counts the wgmma logits kernel's launches (the launch runs the tl kernel where the wgmma kernel refuses a
-    problem, so a silent fallback shows as 0)."""
-    from triton_mla_sparse.ops.indexer import kernels_wgmma
-
-    counts = {"wgmma": 0}
-    real = kernels_wgmma.launch_logits_wgmma
-
-    def counted(*a, **k):
-        counts["wgmma"] += 1
-        return real(*a, **k)
-
-    monkeypatch.setattr(kernels_wgmma, "launch_logits_wgmma", counted)
-    return counts
-
-
 def make(kind: str, Hi: int, fmt: str, seed: int = 0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     if kind == "decode":
