@@ -40,6 +40,7 @@ class CompileReport:
     stack_bytes: int | None  # NVIDIA: stack frame (register spills land here); AMDGPU: scratch (private segment)
     local_bytes: int | None  # NVIDIA: local memory; AMDGPU: spilled VGPRs + SGPRs
     traps: int = 0  # trap instructions in the assembly: a build the compiler gave up on compiles to a trap
+    gdc: int = 0  # NVIDIA: griddepcontrol instructions (programmatic dependent launch: _common/pdl.py)
 
     @property
     def spills(self) -> bool:
@@ -58,8 +59,12 @@ def compile_kernel(fn: Any, sig: dict[str, str], const: dict[str, Any], divisibl
     constexprs ``const``, and what a real launch specialises: the names in ``divisible`` as divisible by 16, those in
     ``ones`` as the constant 1 (Triton turns an int argument equal to 1 into a constexpr); ``max_registers``: NVIDIA's
     per-thread register cap (maxnreg), as the launch passes it."""
-    names = list(sig) + list(const)
-    full = dict(sig, **{k: "constexpr" for k in const}, **{k: "constexpr" for k in ones})
+    names = list(fn.arg_names)  # indices by the kernel's parameter order, whatever order the dicts came in
+    given = dict(sig, **{k: "constexpr" for k in const}, **{k: "constexpr" for k in ones})
+    if set(given) != set(names):
+        raise ValueError(f"sig / const / ones: expected exactly {fn.__name__}'s parameters {names}, got "
+                         f"{sorted(given)}")
+    full = {k: given[k] for k in names}
     consts = {(names.index(k),): v for k, v in const.items()}
     consts.update({(names.index(k),): 1 for k in ones})
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
@@ -102,7 +107,9 @@ def report(arch: Arch, compiled: CompiledKernel) -> CompileReport:
     fields = {}  # the largest value over the cubin's functions (one per kernel today)
     for key, val in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", out):
         fields[key] = max(int(val), fields.get(key, 0))
-    return CompileReport(arch.name, shared, int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"]), traps)
+    gdc = len(re.findall(r"^\s*griddepcontrol\.", compiled.asm["ptx"], flags=re.M))
+    return CompileReport(arch.name, shared, int(fields["REG"]), int(fields["STACK"]), int(fields["LOCAL"]), traps,
+                         gdc)
 
 
 def count_traps(arch: Arch, compiled: CompiledKernel) -> int:
