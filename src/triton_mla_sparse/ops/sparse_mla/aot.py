@@ -56,7 +56,7 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
 
         const = dict(FMT=fmt, HAS_ROPE=has_rope, HAS_TOPK_LEN=True, HAS_SINK=True, SPLIT=split, BLOCK_H=cfg.block_h,
                      BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8,
-                     F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA)
+                     F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA, PDL=cfg.pdl and split)
         if cfg.family == "wgmma_t":
             const["OVERLAP"] = cfg.overlap and fmt == K.FMT_FP8_DS_MLA
         return compile_kernel(fn, sig, const, list(_PTR_TYPES) + sorted(_DIV16), arch, cfg.num_warps, 1,
@@ -64,7 +64,7 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
     const = dict(FMT=fmt, CONVERT=fmt == K.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,
                  HAS_TOPK_LEN=True, HAS_SINK=True, K_SCALE_PTR=False, SPLIT=split, BLOCK_H=cfg.block_h,
                  BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8, F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA,
-                 LOW_REG=cfg.low_reg)
+                 LOW_REG=cfg.low_reg, PDL=cfg.pdl and split)
     return compile_kernel(K._sparse_mla_fwd_kernel, sig, const, list(_PTR_TYPES) + sorted(_DIV16), arch,
                           cfg.num_warps, cfg.num_stages, ones=("stride_idx_k",), max_registers=cfg.max_registers)
 
@@ -76,7 +76,7 @@ def compile_combine(arch: Arch, cfg: AttentionConfig, q_dtype: str = "bf16") -> 
     ints = ["stride_po_t", "stride_po_s", "stride_po_h", "stride_pl_t", "stride_pl_s", "stride_pl_h",
             "stride_o_t", "stride_o_h", "stride_l_t", "stride_l_h", "stride_sink", "H", "num_splits"]
     sig.update({n: "i32" for n in ints})
-    const = dict(HAS_SINK=True, BLOCK_H=cfg.combine_block_h)
+    const = dict(HAS_SINK=True, BLOCK_H=cfg.combine_block_h, PDL=cfg.pdl)
     return compile_kernel(K._combine_kernel, sig, const, list(sig)[:5], arch, cfg.combine_warps, 1)
 
 

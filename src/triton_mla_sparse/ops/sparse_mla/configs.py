@@ -229,6 +229,8 @@ class AttentionConfig:
     # kernels_wgmma.py / kernels_wgmma_t.py)
     max_registers: int | None = None  # NVIDIA: registers per thread the build may use (ptxas maxnreg); None: its own
     overlap: bool = False  # wgmma_t with fp8_ds_mla: the next tile dequantised during this one's output MMAs
+    pdl: bool = False  # decode: the combine kernel is a programmatic dependent launch (NVIDIA sm90 on), started
+    # while the split kernel runs so that its launch and start-up overlap the splits' tail
 
     def describe(self) -> str:
         """Short text: kernel, head block, gather block, splits, warps/stages, and every option switched on."""
@@ -279,6 +281,11 @@ def gluon_supported(family: str, arch: Arch | None, kv_format: str, q_dtype: tor
         return q_dtype is None or q_dtype == torch.bfloat16
     native = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(kv_format)
     return native is not None and (q_dtype is None or q_dtype == native)
+
+
+def pdl_supported(arch: Arch | None) -> bool:
+    """``griddepcontrol`` (programmatic dependent launch) exists on the target: NVIDIA from sm90 on, compiled."""
+    return arch is not None and not interpreting() and arch.backend == "cuda" and int(arch.target) >= 90
 
 
 def wgmma_t_shared_bytes(cfg: AttentionConfig, fp8: bool) -> int:
@@ -415,8 +422,12 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
                           sw_fp8=sw_fp8, programs_per_sm=launch.programs_per_sm,
                           f16_dot=launch.f16_dot and cache_class(kv_format) == "fp8_ds_mla", low_reg=launch.low_reg,
                           family=family, max_registers=launch.max_registers,
-                          overlap=launch.overlap and cache_class(kv_format) == "fp8_ds_mla")
+                          overlap=launch.overlap and cache_class(kv_format) == "fp8_ds_mla",
+                          pdl=kernel == "decode" and pdl_supported(arch))
     cfg = replace(cfg, **overrides) if overrides else cfg
+    if cfg.pdl and not pdl_supported(arch):
+        raise ValueError(f"pdl: programmatic dependent launch needs an NVIDIA GPU from sm90 on (not the interpreter), "
+                         f"got {arch.name if arch else 'no GPU'}")
     reg = cfg.max_registers
     if reg is not None and (type(reg) is not int or not 32 <= reg <= 255):
         raise ValueError(f"max_registers: expected None or an int in [32, 255], got {reg!r}")

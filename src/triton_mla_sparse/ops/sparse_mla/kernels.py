@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..._common.fp8 import e4m3_to_f32 as _e4m3_to_f32
 from ..._common.launch import CachedLauncher
@@ -43,6 +44,17 @@ FMT_FP8_DS_MLA = 2  # 656-byte rows: 512 e4m3 + 4 float32 tile scales + 64 bf16 
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _grid_ids(num_splits):
+    """This program's (row, split, head block). Programs start in launch order (axis 0 fastest); it is renumbered
+    so the head blocks of one row and split start next to each other: they gather the same cache rows, and all but
+    the first then read them from L2 rather than DRAM."""
+    n_hb = tl.num_programs(1)
+    lin = tl.program_id(1).to(tl.int64) * tl.num_programs(0) + tl.program_id(0)
+    i_ts = lin // n_hb
+    return i_ts // num_splits, (i_ts % num_splits).to(tl.int32), (lin % n_hb).to(tl.int32)
 
 
 @triton.jit
@@ -243,12 +255,11 @@ def _sparse_mla_fwd_kernel(
     FMT: tl.constexpr, CONVERT: tl.constexpr, HAS_ROPE: tl.constexpr,
     HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, K_SCALE_PTR: tl.constexpr,
     SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SW_FP8: tl.constexpr,
-    F16_DOT: tl.constexpr, LOW_REG: tl.constexpr,
+    F16_DOT: tl.constexpr, LOW_REG: tl.constexpr, PDL: tl.constexpr,
 ):
-    i_ts = tl.program_id(0)
-    i_hb = tl.program_id(1)
-    i_t = (i_ts // num_splits).to(tl.int64)
-    i_s = i_ts % num_splits
+    i_t, i_s, i_hb = _grid_ids(num_splits)
+    if PDL:  # the combine kernel may start (and wait for this grid) once every program has started
+        gdc_launch_dependents()
     dt = q_nope_ptr.dtype.element_ty
 
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -389,10 +400,13 @@ def _combine_kernel(
     stride_po_t, stride_po_s, stride_po_h, stride_pl_t, stride_pl_s, stride_pl_h,
     stride_o_t, stride_o_h, stride_l_t, stride_l_h, stride_sink,
     H, num_splits,
-    HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
     """Merge the float32 partials of one row and block of heads: lse = log2-sum-exp2 over splits, out =
-    Σ_s 2^(lse_s - lse) · o_s (empty splits carry lse -inf and o 0)."""
+    Σ_s 2^(lse_s - lse) · o_s (empty splits carry lse -inf and o 0). With ``PDL`` (a programmatic dependent launch)
+    it starts while the split kernel runs and waits here for that grid's writes."""
+    if PDL:
+        gdc_wait()
     i_t = tl.program_id(0).to(tl.int64)
     i_hb = tl.program_id(1)
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -501,6 +515,7 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8,
         F16_DOT=cfg.f16_dot and fmt == FMT_FP8_DS_MLA, LOW_REG=cfg.low_reg,
     )
+    pdl = cfg.pdl and cfg.kernel == "decode"
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     launch = _launch_fwd
     if cfg.family != "tl":
@@ -529,17 +544,18 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
         launch((T, n_hb), (
             *args, out, lse, *qstrides,
             out.stride(0), 0, out.stride(1), lse.stride(0), 0, lse.stride(1),
-            *sizes, 1, p.topk, *scales), dict(common, SPLIT=False), **opts)
+            *sizes, 1, p.topk, *scales), dict(common, SPLIT=False, PDL=False), **opts)
         return lse
     launch((T * ns, n_hb), (
         *args, part_o, part_lse, *qstrides,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
-        *sizes, ns, cfg.split_len, *scales), dict(common, SPLIT=True), **opts)
+        *sizes, ns, cfg.split_len, *scales), dict(common, SPLIT=True, PDL=pdl), **opts)
     _launch_combine((T, triton.cdiv(H, cfg.combine_block_h)), (
         part_o, part_lse, sink, out, lse,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1), sink.stride(0),
-        H, ns), dict(HAS_SINK=p.attn_sink is not None, BLOCK_H=cfg.combine_block_h), num_warps=cfg.combine_warps)
+        H, ns), dict(HAS_SINK=p.attn_sink is not None, BLOCK_H=cfg.combine_block_h, PDL=pdl),
+        num_warps=cfg.combine_warps, **({"launch_pdl": True} if pdl else {}))
     return lse

@@ -32,6 +32,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as _ac
 
 from ..._common.fp8 import e4m3_to_f32 as _e4m3_to_f32
 from ..._common.launch import CachedLauncher
+from ..._common.pdl import launch_dependents as _launch_dependents
 from .kernels import _e4m3_to_f16
 
 # Names that changed between triton 3.6 (the H200's) and 3.9 (the CI's).
@@ -58,6 +59,16 @@ def _gather_layout(vec, num_warps):
 def _scale_layout(num_warps):
     """fp8_ds_mla tile scales: a row's four float32 values in one thread."""
     return gl.BlockedLayout([1, 4], [32, 1], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _grid_ids(num_splits):
+    """This program's (row, split, head block), renumbered as the tl kernel's ``_grid_ids`` (kernels.py): the head
+    blocks of one row and split start next to each other and share the cache rows they gather through L2."""
+    n_hb = gl.num_programs(1)
+    lin = gl.program_id(1).to(gl.int64) * gl.num_programs(0) + gl.program_id(0)
+    i_ts = lin // n_hb
+    return i_ts // num_splits, (i_ts % num_splits).to(gl.int32), (lin % n_hb).to(gl.int32)
 
 
 @gluon.jit
@@ -305,12 +316,11 @@ def _sparse_mla_fwd_mma2(
     sm_scale_log2, k_scale,
     FMT: gl.constexpr, HAS_ROPE: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
     SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    SW_FP8: gl.constexpr, F16_DOT: gl.constexpr,
+    SW_FP8: gl.constexpr, F16_DOT: gl.constexpr, PDL: gl.constexpr,
 ):
-    i_ts = gl.program_id(0)
-    i_hb = gl.program_id(1)
-    i_t = (i_ts // num_splits).to(gl.int64)
-    i_s = i_ts % num_splits
+    i_t, i_s, i_hb = _grid_ids(num_splits)
+    if PDL:  # the combine kernel may start (and wait for this grid) once every program has started
+        _launch_dependents()
     dt: gl.constexpr = q_nope_ptr.dtype.element_ty
 
     MMA: gl.constexpr = _mma_layout(gl.num_warps())

@@ -19,9 +19,10 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as _ac
 from triton.runtime.jit import constexpr_function
 
 from ..._common.launch import CachedLauncher
-from .kernels_mma2 import (LATENT, _barrier, _chunk_scales, _dequant_tile, _dequant_tile_exact, _gather_layout, _issue,
-                           _load_idx, _prologue, _q_buffers, _q_to_shared, _row_range, _softmax_step, _store_outputs,
-                           _tile_buffers)
+from ..._common.pdl import launch_dependents as _launch_dependents
+from .kernels_mma2 import (LATENT, _barrier, _chunk_scales, _dequant_tile, _dequant_tile_exact, _gather_layout,
+                           _grid_ids, _issue, _load_idx, _prologue, _q_buffers, _q_to_shared,
+                           _row_range, _softmax_step, _store_outputs, _tile_buffers)
 
 
 @constexpr_function
@@ -59,14 +60,13 @@ def _sparse_mla_fwd_wgmma(
     sm_scale_log2, k_scale,
     FMT: gl.constexpr, HAS_ROPE: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
     SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    SW_FP8: gl.constexpr, F16_DOT: gl.constexpr,
+    SW_FP8: gl.constexpr, F16_DOT: gl.constexpr, PDL: gl.constexpr,
 ):
     gl.static_assert(BLOCK_H == 64, "the wgmma kernel runs 64-head blocks")
     gl.static_assert(gl.num_warps() == 8, "the wgmma kernel runs two warpgroups")
-    i_ts = gl.program_id(0)
-    i_hb = gl.program_id(1)
-    i_t = (i_ts // num_splits).to(gl.int64)
-    i_s = i_ts % num_splits
+    i_t, i_s, i_hb = _grid_ids(num_splits)
+    if PDL:  # the combine kernel may start (and wait for this grid) once every program has started
+        _launch_dependents()
     dt: gl.constexpr = q_nope_ptr.dtype.element_ty
     UNITS: gl.constexpr = F16_DOT if FMT == 2 else False  # as in kernels_mma2.py
     lt: gl.constexpr = gl.float16 if UNITS else dt
