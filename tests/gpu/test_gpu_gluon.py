@@ -273,3 +273,48 @@ def test_gluon_fp8_chunk_scales_differ(gluon_launches, family, heads, kernel, f1
         cols = slice(c * 128, c * 128 + 128)
         err = rel_err(out[..., cols], ref[..., cols])
         assert err <= 1e-2, f"chunk {c}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
+@pytest.mark.parametrize("family,heads", [("tl", 16), ("mma2", 16), ("wgmma", 64), ("wgmma_t", 16)])
+def test_combine_as_dependent_launch(pool, fmt, family, heads):
+    """``pdl``: the combine kernel, launched as a programmatic dependent of the split kernel, reads the partials only
+    once they are written — calls on alternating q, back to back (a combine that did not wait would read the
+    previous call's partials), give the ordinary launch's output and lse bitwise, eager and replayed in a graph."""
+    if family != "tl":
+        _skip_unless_supported(fmt, family)
+    from triton_mla_sparse.ops.sparse_mla.configs import pdl_supported
+
+    if not pdl_supported(arch_for_device(torch.device(DEV))):
+        pytest.skip("programmatic dependent launch: NVIDIA sm90 on")
+    torch.manual_seed(5)
+    T, H = ROWS[64], heads
+    c = pool.caches[fmt]
+    qs = [make_q(T, H, c.q_dtype) for _ in range(2)]
+    idx = make_indices(pool, T)
+
+    def run(q, pdl, out):
+        return sparse_mla_attention_with_config(q, c.tensor, idx, SCALE, kv_format=c.kv_format, kernel="decode",
+                                                family=family, num_splits=4, pdl=pdl, out=out, return_lse=True)
+
+    want = [run(q, False, None) for q in qs]
+    outs = [torch.full_like(want[0][0], float("nan")) for _ in qs]
+    for _ in range(3):
+        got = [run(q, True, o) for q, o in zip(qs, outs)]
+    torch.cuda.synchronize()
+    for (o, lse), (wo, wl) in zip(got, want):
+        assert torch.equal(o, wo) and torch.equal(lse, wl)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run(qs[0], True, outs[0])
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        got = [run(q, True, o) for q, o in zip(qs, outs)]
+    for o in outs:
+        o.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    for (o, lse), (wo, wl) in zip(got, want):
+        assert torch.equal(o, wo) and torch.equal(lse, wl)

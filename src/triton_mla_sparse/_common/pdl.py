@@ -1,9 +1,9 @@
 """Programmatic dependent launch (NVIDIA sm90 on): a kernel launched with ``launch_pdl=True`` may start while the
 kernel before it in the stream still runs, once every program of that one has signalled ``launch_dependents`` (or
-ended); it must then ``gdc_wait`` (``griddepcontrol.wait``: the earlier grid has finished and its writes are
-visible) before it touches memory that kernel writes or reads. What the split kernels save is the dependent's launch
-and start-up, hidden behind the earlier grid's tail. The ``tl`` kernels use ``triton.language.extra.cuda``'s
-``gdc_wait`` / ``gdc_launch_dependents``; this is the Gluon kernels' signal.
+ended); it must ``griddepcontrol.wait`` (the earlier grid has finished and its writes are visible) before it touches
+memory that kernel writes. The attention's combine kernel is launched so where the launch table asks for it
+(``AttentionConfig.pdl``): its launch and start-up then overlap the split kernel's tail. The ``tl`` kernels use
+``triton.language.extra.cuda``'s ``gdc_wait`` / ``gdc_launch_dependents``; this is the Gluon kernels' signal.
 """
 
 from __future__ import annotations

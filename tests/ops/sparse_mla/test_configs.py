@@ -288,3 +288,28 @@ def test_max_registers_reaches_the_launch(monkeypatch):
     sparse_mla_attention_with_config(q, kv, idx, 0.05)
     assert [o.get("maxnreg") for o in seen] == [128, None]
 
+
+
+def test_pdl_where_the_table_asks_and_the_target_has_it(on_gpu):
+    """The combine kernel as a programmatic dependent launch: decode of the table entries that set it (sm90
+    fp8_ds_mla at <= 16 heads), not prefill or the other entries; forced with ``pdl=True`` from sm90 on, refused
+    with a ValueError before (no griddepcontrol) and on ROCm."""
+    sm90 = ARCHS["sm90"]
+    assert choose_config(64, 16, 2048, CPU, "decode", kv_format="fp8_ds_mla", arch=sm90).pdl
+    assert not choose_config(64, 16, 2048, CPU, "prefill", kv_format="fp8_ds_mla", arch=sm90).pdl
+    assert not choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", arch=sm90).pdl
+    assert not choose_config(64, 16, 2048, CPU, "decode", kv_format="fp8_ds_mla", arch=ARCHS["sm120"]).pdl
+    for name, entries in GLUON_TABLE.items():
+        for key, entry in entries.items():
+            if entry.pdl:
+                assert name == "sm90" and key == (16, "fp8_ds_mla"), (name, key)
+    assert choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", arch=ARCHS["sm120"], pdl=True).pdl
+    for arch in ("sm86", "gfx942"):
+        with pytest.raises(ValueError, match="pdl"):
+            choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", arch=ARCHS[arch], pdl=True)
+
+
+def test_pdl_is_refused_under_the_interpreter():
+    assert not choose_config(64, 16, 2048, CPU, "decode", kv_format="fp8_ds_mla", arch=ARCHS["sm90"]).pdl
+    with pytest.raises(ValueError, match="pdl"):
+        choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", pdl=True)

@@ -42,7 +42,7 @@ from helpers import (DEVICE, FORMATS, INT32_MAX, INT32_MIN, LSE_ATOL, REL_TOL, P
                      interpreter_memcheck, kv_values, place, place_at_end, real_rows, run_kernel, run_reference,
                      tensor_extent)
 from triton_mla_sparse import reference, topk_to_slots
-from triton_mla_sparse.ops.sparse_mla.configs import GLUON_ONLY_SWITCHES, AttentionConfig
+from triton_mla_sparse.ops.sparse_mla.configs import COMPILED_ONLY_SWITCHES, GLUON_ONLY_SWITCHES, AttentionConfig
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:overflow encountered:RuntimeWarning",  # exp2(sink - lse) with huge sinks: inf, then 1 / (1 + inf) = 0
@@ -51,9 +51,9 @@ pytestmark = pytest.mark.filterwarnings(
 LONG = os.environ.get("TMS_FUZZ_LONG", "0") not in ("", "0")
 LONG_FACTOR = 20
 # Boolean switches of the tl kernel's launch configuration (whatever this version of the kernels has): each is drawn
-# both ways (the interpreter runs the tl kernel only).
+# both ways (the interpreter runs the tl kernel only, and no compiled-launch switch).
 SWITCHES = sorted(f.name for f in dataclasses.fields(AttentionConfig)
-                  if f.type in ("bool", bool) and f.name not in GLUON_ONLY_SWITCHES)
+                  if f.type in ("bool", bool) and f.name not in GLUON_ONLY_SWITCHES + COMPILED_ONLY_SWITCHES)
 
 
 def fuzz_settings(n: int) -> settings:

@@ -53,7 +53,7 @@ def compile_indexer_logits(arch: Arch, cfg: IndexerConfig, *, q_fp8: bool, k_fp8
     if cfg.family == "wgmma":
         from . import kernels_wgmma as KW
 
-        const = dict(BLOCK_H=cfg.block_h, STAGES=cfg.num_stages, ZERO_WS=True, PDL=cfg.pdl)
+        const = dict(BLOCK_H=cfg.block_h, STAGES=cfg.num_stages, ZERO_WS=True)
         return compile_kernel(KW._indexer_logits_wgmma, sig, const, div, arch, cfg.num_warps, 1, ones,
                               max_registers=cfg.maxnreg)
     return compile_kernel(K._indexer_logits_kernel, sig, const, div, arch, cfg.num_warps, cfg.num_stages, ones,

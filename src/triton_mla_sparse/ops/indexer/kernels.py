@@ -193,7 +193,7 @@ def launch_indexer_logits(p: IndexerProblem, out: torch.Tensor, cfg: IndexerConf
         from .kernels_wgmma import launch_logits_wgmma
 
         launch_logits_wgmma((T * n_chunks,), args,
-                            dict(BLOCK_H=cfg.block_h, STAGES=cfg.num_stages, ZERO_WS=ws is not None, PDL=cfg.pdl),
+                            dict(BLOCK_H=cfg.block_h, STAGES=cfg.num_stages, ZERO_WS=ws is not None),
                             num_warps=cfg.num_warps, num_stages=1, **opts)
         return
     _launch_logits((triton.cdiv(T, rows) * n_chunks,), args,

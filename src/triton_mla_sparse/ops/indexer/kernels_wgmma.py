@@ -31,7 +31,6 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as _ac
 from triton.runtime.jit import constexpr_function
 
 from ..._common.launch import CachedLauncher
-from ..._common.pdl import launch_dependents
 
 # Names that changed between triton 3.6 (the H200's) and 3.9 (the CI's).
 _async_load = getattr(_ac, "async_load", None) or _ac.async_copy_global_to_shared
@@ -98,14 +97,12 @@ def _indexer_logits_wgmma(
     stride_k_blk, stride_k_row,
     stride_bt_r, stride_bt_c, stride_req, stride_pos, stride_o_t, stride_o_p, stride_ws_t,
     T, Hi, max_len, block_size, num_blocks, R, max_blocks, n_chunks, chunk, ws_width,
-    BLOCK_H: gl.constexpr, STAGES: gl.constexpr, ZERO_WS: gl.constexpr, PDL: gl.constexpr,
+    BLOCK_H: gl.constexpr, STAGES: gl.constexpr, ZERO_WS: gl.constexpr,
 ):
     """One program per (query row, chunk of ``chunk`` positions); ``q_ptr`` and ``k_ptr`` are bytes (e4m3 values
     and vLLM's fp8 blocks); ``block_size`` (64) and ``stride_k_row`` (128) are the layout the launch checked."""
     gl.static_assert(gl.num_warps() == 4, "one warpgroup: the wgmma tile is 64 positions")
     gl.static_assert(STAGES >= 2 and STAGES <= 32, "a ring of 2 to 32 stages (one validity bit per stage)")
-    if PDL:  # the split select's kernels (programmatic dependent launches) may start once every program has
-        launch_dependents()
     pid = gl.program_id(0)
     t = (pid // n_chunks).to(gl.int64)
     i_c = pid % n_chunks

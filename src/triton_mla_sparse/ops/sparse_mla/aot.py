@@ -7,13 +7,14 @@ kernel) the launch table can pick (:func:`matrix_entries`), built with the confi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..._common.compile import compile_kernel, matrix_row
 from . import kernels as K
-from .configs import TABLE, AttentionConfig, choose_config
+from .configs import TABLE, AttentionConfig, choose_config, pdl_supported
 
 if TYPE_CHECKING:
     from triton.compiler import CompiledKernel
@@ -100,6 +101,7 @@ def compile_rows(arch: Arch) -> list[dict]:
         cfg = table_config(arch, hc, cc, kernel)
         rows.append(matrix_row(arch, (hc, cc, fmt, kernel), cfg,
                                lambda: compile_attention(arch, cfg, kv_format=fmt, split=kernel == "decode")))
-    cfg = table_config(arch, 16, "16bit", "decode")
+    # the combine kernel as a programmatic dependent launch where the target has it (a table entry may ask for it)
+    cfg = replace(table_config(arch, 16, "16bit", "decode"), pdl=pdl_supported(arch))
     rows.append(matrix_row(arch, (0, "", "", "combine"), cfg, lambda: compile_combine(arch, cfg)))
     return rows

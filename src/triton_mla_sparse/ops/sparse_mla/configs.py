@@ -47,6 +47,7 @@ class Launch:
     max_waves: int = 2  # decode splits fill at most this many waves of resident programs (1: each SM's one program
     # streams its split without a second wave behind it)
     prefill: Launch | None = None  # the prefill kernel's entry where another kernel family is faster there
+    pdl: bool = False  # decode: the combine kernel as a programmatic dependent launch (where the target has it)
 
 
 HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
@@ -158,13 +159,16 @@ GLUON_CACHE_CLASSES = ("16bit", "fp8_ds_mla")
 GLUON_FAMILIES = ("mma2", "wgmma", "wgmma_t")
 HOPPER_FAMILIES = ("wgmma", "wgmma_t")  # warpgroup MMAs: sm90 only
 GLUON_ONLY_SWITCHES = ("overlap",)  # AttentionConfig switches of a Gluon kernel (the tl kernel refuses them)
+COMPILED_ONLY_SWITCHES = ("pdl",)  # switches of a compiled NVIDIA launch (refused under the interpreter)
 GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
     "sm90": {
         # decode: wgmma_t (tile rows along M, one warpgroup, one program per SM, one wave of splits); bf16 prefill at
         # <= 16 heads: mma2 with one buffer of 64-row tiles (two resident programs hide each other's latency)
         (16, "16bit"): _T(16, 64, 4, 2, 1, max_waves=1,
                            prefill=_M(16, 32, 4, 2, 1, prefill_stages=1, prefill_block_n=64)),
-        (16, "fp8_ds_mla"): _T(16, 64, 4, 2, 1, max_waves=1, overlap=True, prefill_stages=3),
+        # fp8_ds_mla decode at <= 16 heads: the combine kernel as a programmatic dependent launch (h16 B=64 0.0582
+        # vs 0.0595 ms; bf16 and 32 heads measured 1-3 % slower with it, so without: benchmarks/NOTES.md)
+        (16, "fp8_ds_mla"): _T(16, 64, 4, 2, 1, max_waves=1, overlap=True, prefill_stages=3, pdl=True),
         (32, "16bit"): _T(32, 64, 4, 2, 1, max_waves=1, prefill=_W(64, 64, 8, 2, 1)),
         (32, "fp8_ds_mla"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
         (64, "16bit"): _W(64, 64, 8, 2, 1),
@@ -230,7 +234,7 @@ class AttentionConfig:
     max_registers: int | None = None  # NVIDIA: registers per thread the build may use (ptxas maxnreg); None: its own
     overlap: bool = False  # wgmma_t with fp8_ds_mla: the next tile dequantised during this one's output MMAs
     pdl: bool = False  # decode: the combine kernel is a programmatic dependent launch (NVIDIA sm90 on), started
-    # while the split kernel runs so that its launch and start-up overlap the splits' tail
+    # while the split kernel runs so that its launch and start-up overlap the splits' tail (_common/pdl.py)
 
     def describe(self) -> str:
         """Short text: kernel, head block, gather block, splits, warps/stages, and every option switched on."""
@@ -423,7 +427,7 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
                           f16_dot=launch.f16_dot and cache_class(kv_format) == "fp8_ds_mla", low_reg=launch.low_reg,
                           family=family, max_registers=launch.max_registers,
                           overlap=launch.overlap and cache_class(kv_format) == "fp8_ds_mla",
-                          pdl=kernel == "decode" and pdl_supported(arch))
+                          pdl=launch.pdl and kernel == "decode" and pdl_supported(arch))
     cfg = replace(cfg, **overrides) if overrides else cfg
     if cfg.pdl and not pdl_supported(arch):
         raise ValueError(f"pdl: programmatic dependent launch needs an NVIDIA GPU from sm90 on (not the interpreter), "

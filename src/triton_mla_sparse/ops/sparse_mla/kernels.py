@@ -47,17 +47,6 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
-def _grid_ids(num_splits):
-    """This program's (row, split, head block). Programs start in launch order (axis 0 fastest); it is renumbered
-    so the head blocks of one row and split start next to each other: they gather the same cache rows, and all but
-    the first then read them from L2 rather than DRAM."""
-    n_hb = tl.num_programs(1)
-    lin = tl.program_id(1).to(tl.int64) * tl.num_programs(0) + tl.program_id(0)
-    i_ts = lin // n_hb
-    return i_ts // num_splits, (i_ts % num_splits).to(tl.int32), (lin % n_hb).to(tl.int32)
-
-
-@triton.jit
 def _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, o_k, n_end, num_slots, block_size, kv_ptr, stride_kv_blk,
           stride_kv_row):
     """Row pointers [BLOCK_N] of list entries ``o_k`` and their validity (inside the range, 0 <= slot < num_slots);
@@ -257,9 +246,10 @@ def _sparse_mla_fwd_kernel(
     SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SW_FP8: tl.constexpr,
     F16_DOT: tl.constexpr, LOW_REG: tl.constexpr, PDL: tl.constexpr,
 ):
-    i_t, i_s, i_hb = _grid_ids(num_splits)
-    if PDL:  # the combine kernel may start (and wait for this grid) once every program has started
-        gdc_launch_dependents()
+    i_ts = tl.program_id(0)
+    i_hb = tl.program_id(1)
+    i_t = (i_ts // num_splits).to(tl.int64)
+    i_s = i_ts % num_splits
     dt = q_nope_ptr.dtype.element_ty
 
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -368,6 +358,8 @@ def _sparse_mla_fwd_kernel(
                          dt),
                 b_kr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE, dt)
 
+    if PDL:  # the combine kernel may start (and wait for this grid) once every program has left its loop
+        gdc_launch_dependents()
     # Normalise; an empty range (no valid entry) gives 0 and lse -inf.
     b_inv = tl.where(b_l > 0, 1.0 / b_l, 0.0)
     if FMT == 1:

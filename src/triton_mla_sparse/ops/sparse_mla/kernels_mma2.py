@@ -62,16 +62,6 @@ def _scale_layout(num_warps):
 
 
 @gluon.jit
-def _grid_ids(num_splits):
-    """This program's (row, split, head block), renumbered as the tl kernel's ``_grid_ids`` (kernels.py): the head
-    blocks of one row and split start next to each other and share the cache rows they gather through L2."""
-    n_hb = gl.num_programs(1)
-    lin = gl.program_id(1).to(gl.int64) * gl.num_programs(0) + gl.program_id(0)
-    i_ts = lin // n_hb
-    return i_ts // num_splits, (i_ts % num_splits).to(gl.int32), (lin % n_hb).to(gl.int32)
-
-
-@gluon.jit
 def _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, pos0, n_end, BLOCK_N: gl.constexpr, layout: gl.constexpr):
     """Slot ids of list entries ``pos0 + [0, BLOCK_N)`` (-1 past this program's range)."""
     o_k = pos0 + gl.arange(0, BLOCK_N, layout)
@@ -318,9 +308,10 @@ def _sparse_mla_fwd_mma2(
     SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     SW_FP8: gl.constexpr, F16_DOT: gl.constexpr, PDL: gl.constexpr,
 ):
-    i_t, i_s, i_hb = _grid_ids(num_splits)
-    if PDL:  # the combine kernel may start (and wait for this grid) once every program has started
-        _launch_dependents()
+    i_ts = gl.program_id(0)
+    i_hb = gl.program_id(1)
+    i_t = (i_ts // num_splits).to(gl.int64)
+    i_s = i_ts % num_splits
     dt: gl.constexpr = q_nope_ptr.dtype.element_ty
 
     MMA: gl.constexpr = _mma_layout(gl.num_warps())
@@ -433,6 +424,8 @@ def _sparse_mla_fwd_mma2(
             b_a2 = ampere.mma_v2(b_pa, k_t.slice(2 * 128, 128, dim=1).load(DOT_B), b_a2 * b_alpha[:, None])
             b_a3 = ampere.mma_v2(b_pa, k_t.slice(3 * 128, 128, dim=1).load(DOT_B), b_a3 * b_alpha[:, None])
     _ac.wait_group(0)  # no copy may outlive the program's shared memory
+    if PDL:  # the combine kernel may start (and wait for this grid) once every program has left its loop
+        _launch_dependents()
 
     # Normalise; an empty range (no valid entry) gives 0 and lse -inf.
     b_inv = gl.where(b_l > 0, 1.0 / b_l, 0.0)

@@ -20,9 +20,9 @@ from triton.runtime.jit import constexpr_function
 
 from ..._common.launch import CachedLauncher
 from ..._common.pdl import launch_dependents as _launch_dependents
-from .kernels_mma2 import (LATENT, _barrier, _chunk_scales, _dequant_tile, _dequant_tile_exact, _gather_layout,
-                           _grid_ids, _issue, _load_idx, _prologue, _q_buffers, _q_to_shared,
-                           _row_range, _softmax_step, _store_outputs, _tile_buffers)
+from .kernels_mma2 import (LATENT, _barrier, _chunk_scales, _dequant_tile, _dequant_tile_exact, _gather_layout, _issue,
+                           _load_idx, _prologue, _q_buffers, _q_to_shared, _row_range, _softmax_step, _store_outputs,
+                           _tile_buffers)
 
 
 @constexpr_function
@@ -64,9 +64,10 @@ def _sparse_mla_fwd_wgmma(
 ):
     gl.static_assert(BLOCK_H == 64, "the wgmma kernel runs 64-head blocks")
     gl.static_assert(gl.num_warps() == 8, "the wgmma kernel runs two warpgroups")
-    i_t, i_s, i_hb = _grid_ids(num_splits)
-    if PDL:  # the combine kernel may start (and wait for this grid) once every program has started
-        _launch_dependents()
+    i_ts = gl.program_id(0)
+    i_hb = gl.program_id(1)
+    i_t = (i_ts // num_splits).to(gl.int64)
+    i_s = i_ts % num_splits
     dt: gl.constexpr = q_nope_ptr.dtype.element_ty
     UNITS: gl.constexpr = F16_DOT if FMT == 2 else False  # as in kernels_mma2.py
     lt: gl.constexpr = gl.float16 if UNITS else dt
@@ -167,6 +168,8 @@ def _sparse_mla_fwd_wgmma(
             b_a2 = hopper.warpgroup_mma(p_s, k_t.slice(2 * 128, 128, dim=1), b_a2 * b_al[:, None])
             b_a3 = hopper.warpgroup_mma(p_s, k_t.slice(3 * 128, 128, dim=1), b_a3 * b_al[:, None])
     _ac.wait_group(0)
+    if PDL:  # the combine kernel may start (and wait for this grid) once every program has left its loop
+        _launch_dependents()
 
     b_inv = gl.where(b_l > 0, 1.0 / b_l, 0.0)
     b_lse2 = gl.where(b_l > 0, b_m + gl.log2(b_l), float("-inf"))

@@ -29,10 +29,10 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as _ac
 from triton.runtime.jit import constexpr_function
 
 from ..._common.launch import CachedLauncher
-from ..._common.pdl import launch_dependents as _launch_dependents
 from ..._common.fp8 import e4m3_to_f32 as _e4m3_to_f32
-from .kernels_mma2 import (LATENT, ROPE, _barrier, _gather_layout, _grid_ids, _issue, _load_idx,
-                           _prologue, _q_to_shared, _row_range, _tile_buffers)
+from ..._common.pdl import launch_dependents as _launch_dependents
+from .kernels_mma2 import (LATENT, ROPE, _barrier, _gather_layout, _issue, _load_idx, _prologue, _q_to_shared,
+                           _row_range, _tile_buffers)
 
 DEQ_W = gl.constexpr(128)  # columns per step of the fp8_ds_mla dequantisation
 
@@ -171,9 +171,10 @@ def _sparse_mla_fwd_wgmma_t(
     gl.static_assert(BLOCK_N == 64, "the tile's rows are the 64 rows of a warpgroup MMA")
     gl.static_assert(gl.num_warps() == 4 or gl.num_warps() == 8, "one or two warpgroups")
     gl.static_assert(STAGES >= 2, "cp.async gathers at least one tile ahead")
-    i_t, i_s, i_hb = _grid_ids(num_splits)
-    if PDL:  # the combine kernel may start (and wait for this grid) once every program has started
-        _launch_dependents()
+    i_ts = gl.program_id(0)
+    i_hb = gl.program_id(1)
+    i_t = (i_ts // num_splits).to(gl.int64)
+    i_s = i_ts % num_splits
     dt: gl.constexpr = q_nope_ptr.dtype.element_ty
 
     A_L: gl.constexpr = _t_layout(BLOCK_H, gl.num_warps())
@@ -290,6 +291,8 @@ def _sparse_mla_fwd_wgmma_t(
             b_a3 = _pv_t(k_t, p_t, 3, b_a3 * b_alpha[None, :])
             b_a0, b_a1, b_a2, b_a3 = hopper.warpgroup_mma_wait(0, deps=[b_a0, b_a1, b_a2, b_a3])
     _ac.wait_group(0)  # no copy may outlive the program's shared memory
+    if PDL:  # the combine kernel may start (and wait for this grid) once every program has left its loop
+        _launch_dependents()
 
     b_sum = gl.sum(b_l, 0)
     b_inv = gl.where(b_sum > 0, 1.0 / b_sum, 0.0)

@@ -32,10 +32,10 @@ def compile_split_select(arch: Arch, cfg: SelectConfig) -> list[CompiledKernel]:
     sel_sig = {"x_ptr": "*fp32", "out_ptr": "*i32", "ws_ptr": "*i32", "buf_ptr": "*i32"}
     sel_sig.update({n: "i32" for n in ["stride_x_t", "stride_x_p", "stride_o_t", "stride_o_k", "stride_w_t",
                                        "stride_b_t", "L", "topk", "n_chunks"]})
-    const = dict(CHUNK=cfg.split_chunk, BLOCK=cfg.split_block, PDL=cfg.pdl)
+    const = dict(CHUNK=cfg.split_chunk, BLOCK=cfg.split_block)
     warps = S.SPLIT_WARPS
     return [
-        compile_kernel(S._topk_bound_kernel, bound_sig, dict(CHUNK=cfg.split_chunk, NB=S.NBINS, NREP=S.NREP, PDL=cfg.pdl),
+        compile_kernel(S._topk_bound_kernel, bound_sig, dict(CHUNK=cfg.split_chunk, NB=S.NBINS, NREP=S.NREP),
                        ["x_ptr", "ws_ptr", "stride_x_t"], arch, warps, 1, ("stride_x_p",)),
         compile_kernel(S._topk_hist_kernel, hist_sig, dict(const, NB=S.NBINS, NREP=S.NREP),
                        ["x_ptr", "ws_ptr", "stride_x_t"], arch, warps, 1, ("stride_x_p",)),

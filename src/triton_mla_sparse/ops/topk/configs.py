@@ -35,8 +35,6 @@ class SelectConfig:
     bound: bool = True  # split select: a bound pass first, so that the histogram counts only the candidates above it
     bound_min_chunks: int = 8  # ... on rows of at least this many split chunks (shorter: one launch fewer, measured
     # neutral on the GPU at 32K, where eager calls are bound by the host's launches)
-    pdl: bool = False  # split select: each kernel after the logits launch is a programmatic dependent launch
-    # (NVIDIA sm90 on; the logits kernel signals its dependents), so each starts up during the previous one's tail
 
 
 @functools.lru_cache(maxsize=64)
@@ -49,8 +47,7 @@ def select_config_for(arch: Arch | None, *, shared_rows: bool = False) -> Select
     # torch.topk (64 rows x 32K: 0.059 vs 0.092-0.105 ms; x 128K with the bound pass and bins up to the row
     # maximum: 0.091 vs 0.147, benchmarks/scripts/select_profile.py); for prefill rows torch.topk won (4096 x 32K:
     # 1.68 vs 1.80 ms, before the bound pass). Unmeasured architectures keep torch.topk.
-    split = arch.name == "sm90" and not shared_rows
-    return SelectConfig(select="split" if split else "torch", pdl=split)
+    return SelectConfig(select="split" if arch.name == "sm90" and not shared_rows else "torch")
 
 
 _CONFIGS: dict = {}  # choose_select_config's memo (device x row kind x interpreter)
