@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..._common.launch import CachedLauncher
 
@@ -67,15 +66,6 @@ SPLIT_WARPS = 8  # warps per program of the three kernels (launch and ahead-of-t
 
 
 @triton.jit
-def _dependent_start(PDL: tl.constexpr):
-    """With ``PDL`` (each kernel of the chain launched as a programmatic dependent of the one before): wait for the
-    earlier kernel's grid and its writes, then let the next kernel of the chain start."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-
-
-@triton.jit
 def _count_from(p_s, topk, CHUNK: tl.constexpr):
     """The smallest key the split select counts: past -inf, and from the bound pass's tightest valid bound on.
 
@@ -108,13 +98,12 @@ def _bins(p_s, lo):
 
 @triton.jit(do_not_specialize=["L", "n_chunks"])
 def _topk_bound_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_chunks,
-                       CHUNK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr, PDL: tl.constexpr):
+                       CHUNK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr):
     """Split select, step 0 (one program per row and chunk): a counting bound. The chunk's keys are split into
     groups of 16 · 2^j consecutive positions (j = 0..3); when every group holds a candidate (a logit above -inf),
     the chunk vouches for one distinct candidate per group at or above its smallest group maximum, and adds that
     key (as a max of 2^32 - 1 - key) and itself to slot pair j; and the chunk's largest candidate key to the row's
     maximum. Read by :func:`_count_from` and :func:`_bins`."""
-    _dependent_start(PDL)
     pid = tl.program_id(0)
     i_t = (pid // n_chunks).to(tl.int64)
     p_start = (pid % n_chunks) * CHUNK
@@ -139,8 +128,7 @@ def _topk_bound_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_c
 
 @triton.jit(do_not_specialize=["L", "n_chunks", "topk"])
 def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_chunks, topk,
-                      CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr,
-                      PDL: tl.constexpr):
+                      CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr):
     """Split select, step 1 (one program per row and chunk): count the row's candidates from the counting bound on
     (logits above -inf, and at or above step 0's bound when it holds) per bin (:func:`_bins`: 2048 bins from the
     bound to step 0's row maximum, or the top 11 key bits without step 0) with global atomics, into copy
@@ -148,7 +136,6 @@ def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_ch
     copy per row serialised their atomics). The row's last program (an acq_rel
     counter) sums the copies and stores the threshold bin b (holding the need-th largest counted key, need =
     min(topk, counted)), the counts above and in it, and need, for step 2."""
-    _dependent_start(PDL)
     pid = tl.program_id(0)
     i_t = (pid // n_chunks).to(tl.int64)
     i_c = pid % n_chunks
@@ -186,15 +173,13 @@ def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_ch
 @triton.jit(do_not_specialize=["L", "topk", "n_chunks"])
 def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, stride_x_p, stride_o_t, stride_o_k,
                               stride_w_t, stride_b_t, L, topk, n_chunks,
-                              CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr,
-                              PDL: tl.constexpr):
+                              CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr):
     """Split select, step 2 (one program per row and chunk), from step 1's threshold bin b: every program writes
     the positions of its counted candidates above b straight into the output (slots claimed with an atomic
     counter) and those in b into the row's boundary buffer. The row's last program to finish (an acq_rel counter)
     then takes the largest ``need - above(b)`` boundary keys by a radix select on the bits below the bin (up to 3
     passes over the buffer, usually a small fraction of the row), appends them, and pads the rest of the row with
     -1."""
-    _dependent_start(PDL)
     pid = tl.program_id(0)
     i_t = (pid // n_chunks).to(tl.int64)
     p_start = (pid % n_chunks) * CHUNK
@@ -327,13 +312,13 @@ def launch_split_select(logits: torch.Tensor, out: torch.Tensor, topk: int, cfg:
                              f"{ws.dtype} {tuple(ws.shape)} strides {ws.stride()}")
         buf = _boundary_buffer(T, L, logits.device)
     grid = (T * n_chunks,)
-    opts = dict(num_warps=SPLIT_WARPS, **({"launch_pdl": True} if cfg.pdl else {}))
     if cfg.bound and n_chunks >= cfg.bound_min_chunks:
         _launch_bound(grid, (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks),
-                      dict(CHUNK=chunk, NB=NBINS, NREP=NREP, PDL=cfg.pdl), **opts)
-    const = dict(CHUNK=chunk, BLOCK=block, NB=NBINS, NREP=NREP, PDL=cfg.pdl)
+                      dict(CHUNK=chunk, NB=NBINS, NREP=NREP), num_warps=SPLIT_WARPS)
+    const = dict(CHUNK=chunk, BLOCK=block, NB=NBINS, NREP=NREP)
     _launch_hist(grid, (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks, topk), const,
-                 **opts)
+                 num_warps=SPLIT_WARPS)
     _launch_split_select(grid, (logits, out, ws, buf, logits.stride(0), logits.stride(1), out.stride(0),
-                                out.stride(1), ws.stride(0), buf.stride(0), L, topk, n_chunks), const, **opts)
+                                out.stride(1), ws.stride(0), buf.stride(0), L, topk, n_chunks), const,
+                         num_warps=SPLIT_WARPS)
     return ws, buf
