@@ -90,7 +90,8 @@ def tol_for(q_dtype) -> float:
 
 
 def check_against_reference(out, lse, q, cache_tensor, idx, *, kv_format, k_scale=None, topk_length=None,
-                            attn_sink=None, tol=None, all_rows=False):
+                            attn_sink=None, tol=None, all_rows=False, extra_kv_cache=None, extra_indices=None,
+                            extra_topk_length=None):
     """out must be finite everywhere (it was pre-filled with NaN); on the checked rows out and lse must match the
     float32 reference; lse is -inf exactly where the reference's is."""
     T = idx.shape[0]
@@ -102,7 +103,8 @@ def check_against_reference(out, lse, q, cache_tensor, idx, *, kv_format, k_scal
     ref, ref_lse = reference.sparse_mla_attention(
         take_rows(q, sel), cache_tensor, take_rows(idx, sel), SCALE, kv_format=kv_format, k_scale=ks,
         topk_length=take_rows(topk_length, sel), attn_sink=attn_sink, return_lse=True, compute_dtype=torch.float32,
-        out_dtype=torch.float32)
+        out_dtype=torch.float32, extra_kv_cache=extra_kv_cache, extra_indices=take_rows(extra_indices, sel),
+        extra_topk_length=take_rows(extra_topk_length, sel))
     o, l = take_rows(out, sel), take_rows(lse, sel)
     err = rel_err(o, ref)
     limit = tol if tol is not None else tol_for(qd)

@@ -318,3 +318,28 @@ def test_combine_as_dependent_launch(pool, fmt, family, heads):
     torch.cuda.synchronize()
     for (o, lse), (wo, wl) in zip(got, want):
         assert torch.equal(o, wo) and torch.equal(lse, wl)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_extra_cache_runs_the_tl_kernel(pool, fmt, kernel):
+    """An extra cache (DeepSeek-V4's second list) on a problem the table gives a Gluon kernel: the tl kernel reads
+    both caches (the extra one NaN outside its selected rows), garbage ids and lengths in both lists, a sink."""
+    torch.manual_seed(9)
+    T, H = ROWS[64], 16
+    c = pool.caches[fmt]
+    q = make_q(T, H, c.q_dtype)
+    idx = _with_garbage(make_indices(pool, T), NUM_SLOTS, frac=0.2)
+    idx2 = _with_garbage(make_indices(pool, T), NUM_SLOTS, frac=0.2)[:, : max(1, TOPK // 3)].contiguous()
+    _, cache2 = poisoned_cache(pool, fmt, idx2)
+    tl1 = torch.randint(0, TOPK + 1, (T,), dtype=torch.int32, device=DEV)
+    tl2 = torch.randint(0, idx2.shape[1] + 1, (T,), dtype=torch.int32, device=DEV)
+    sink = torch.randn(H, device=DEV)
+    out = torch.full((T, H, 512), float("nan"), dtype=c.q_dtype, device=DEV)
+    extra = dict(extra_kv_cache=cache2, extra_indices=idx2, extra_topk_length=tl2)
+    _, lse, cfg = sparse_mla_attention_with_config(q, c.tensor, idx, SCALE, kv_format=c.kv_format, topk_length=tl1,
+                                                   attn_sink=sink, out=out, kernel=kernel, return_lse=True,
+                                                   return_config=True, **extra)
+    assert cfg.family == "tl"
+    check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format, topk_length=tl1, attn_sink=sink,
+                            **extra)

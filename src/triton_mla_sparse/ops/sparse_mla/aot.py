@@ -36,18 +36,28 @@ _INTS = ["stride_qn_t", "stride_qn_h", "stride_qp_t", "stride_qp_h", "stride_kv_
 _DIV16 = {"stride_qn_t", "stride_qn_h", "stride_qp_t", "stride_qp_h", "stride_kv_blk", "stride_kv_row",
           "stride_idx_t", "stride_o_t", "stride_o_s", "stride_o_h", "stride_l_t", "stride_l_s", "block_size"}
 
+# The extra cache's (DeepSeek-V4's second list; the tl kernel's): built with it, the worst case of that kernel.
+_EXTRA_INTS = ["stride_kv2_blk", "stride_kv2_row", "stride_idx2_t", "stride_idx2_k", "stride_tl2", "topk2",
+               "num_slots2", "block_size2"]
+_DIV16_EXTRA = {"stride_kv2_blk", "stride_kv2_row", "stride_idx2_t", "block_size2"}
+
 MATRIX_FORMATS = {"16bit": ("bf16",), "fp8_e4m3": ("fp8_e4m3",), "fp8_ds_mla": ("fp8_ds_mla",)}
 
 
 def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split: bool, q_dtype: str = "bf16",
                       has_rope: bool = True) -> CompiledKernel:
-    """Compile the attention kernel of ``cfg`` for ``arch`` (worst-case flags: topk_length and sink on)."""
+    """Compile the attention kernel of ``cfg`` for ``arch`` (worst-case flags: topk_length and sink on, and for the tl
+    kernel an extra cache with its lengths)."""
     fmt = K._FMT_CODES[kv_format]
     kv_type = "*u8" if fmt != K.FMT_NATIVE else f"*{'fp16' if kv_format == 'fp16' else 'bf16'}"
     sig = {n: (f"*{q_dtype}" if t == "q" else kv_type if t == "kv" else t) for n, t in _PTR_TYPES.items()}
     sig.update({n: "i32" for n in _INTS})
     sig.update(sm_scale_log2="fp32", k_scale="fp32")
+    sig.update(kv2_ptr=kv_type, idx2_ptr="*i32", topk_len2_ptr="*i32",
+               **{n: "i32" for n in _EXTRA_INTS})
     if cfg.family != "tl":
+        for n in ("kv2_ptr", "idx2_ptr", "topk_len2_ptr", *_EXTRA_INTS):
+            del sig[n]
         if cfg.family == "wgmma":
             from .kernels_wgmma import _sparse_mla_fwd_wgmma as fn
         elif cfg.family == "wgmma_t":
@@ -65,9 +75,11 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
     const = dict(FMT=fmt, CONVERT=fmt == K.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,
                  HAS_TOPK_LEN=True, HAS_SINK=True, K_SCALE_PTR=False, SPLIT=split, BLOCK_H=cfg.block_h,
                  BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8, F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA,
-                 LOW_REG=cfg.low_reg, PDL=cfg.pdl and split)
-    return compile_kernel(K._sparse_mla_fwd_kernel, sig, const, list(_PTR_TYPES) + sorted(_DIV16), arch,
-                          cfg.num_warps, cfg.num_stages, ones=("stride_idx_k",), max_registers=cfg.max_registers)
+                 LOW_REG=cfg.low_reg, PDL=cfg.pdl and split, HAS_EXTRA=True, HAS_TOPK_LEN2=True)
+    return compile_kernel(K._sparse_mla_fwd_kernel, sig, const,
+                          list(_PTR_TYPES) + ["kv2_ptr", "idx2_ptr", "topk_len2_ptr"] + sorted(_DIV16 | _DIV16_EXTRA),
+                          arch, cfg.num_warps, cfg.num_stages, ones=("stride_idx_k", "stride_idx2_k"),
+                          max_registers=cfg.max_registers)
 
 
 def compile_combine(arch: Arch, cfg: AttentionConfig, q_dtype: str = "bf16") -> CompiledKernel:

@@ -47,6 +47,14 @@ class AttentionProblem:
     topk: int
     block_size: int
     num_slots: int
+    # the extra cache (DeepSeek-V4's second list: FlashMLA's extra_k_cache / extra_indices_in_kvcache /
+    # extra_topk_length), in kv's format, with its own slot ids and lengths; None / 0 without one
+    kv2: torch.Tensor | None = None
+    indices2: torch.Tensor | None = None
+    topk_length2: torch.Tensor | None = None
+    topk2: int = 0
+    block_size2: int = 0
+    num_slots2: int = 0
 
     @property
     def device(self) -> torch.device:
@@ -95,19 +103,19 @@ def _check_q(q):
     return q[..., :D_V], (q[..., D_V:] if q.shape[2] > D_V else None)
 
 
-def _check_kv(kv_cache, kv_format, d_rope, device):
+def _check_kv(kv_cache, kv_format, d_rope, device, arg="kv_cache"):
     if not isinstance(kv_cache, torch.Tensor):
-        fail("kv_cache", "a tensor [num_blocks, block_size, row] or [num_slots, row]", kv_cache)
+        fail(arg, "a tensor [num_blocks, block_size, row] or [num_slots, row]", kv_cache)
     if kv_format is None:
         kv_format = infer_kv_format(kv_cache)
         if kv_format is None:
-            fail("kv_cache", "dtype bfloat16, float16, float8_e4m3fn or uint8 (fp8_ds_mla)", kv_cache)
+            fail(arg, "dtype bfloat16, float16, float8_e4m3fn or uint8 (fp8_ds_mla)", kv_cache)
     elif kv_format not in KV_FORMATS:
         fail("kv_format", f"one of {KV_FORMATS} or None", repr(kv_format))
     if kv_cache.dtype != KV_FORMAT_DTYPES[kv_format]:
-        fail("kv_cache", f"dtype {KV_FORMAT_DTYPES[kv_format]} for kv_format {kv_format!r}", kv_cache)
+        fail(arg, f"dtype {KV_FORMAT_DTYPES[kv_format]} for kv_format {kv_format!r}", kv_cache)
     if kv_cache.device != device:
-        fail("kv_cache", f"device {device} (the device of q)", kv_cache)
+        fail(arg, f"device {device} (the device of q)", kv_cache)
     row = kv_row_width(kv_format, d_rope)
     kv = kv_cache
     if kv.dim() == 4 and kv.shape[2] == 1:  # [num_blocks, block_size, 1, row] (FlashMLA's view)
@@ -116,14 +124,14 @@ def _check_kv(kv_cache, kv_format, d_rope, device):
         kv = kv[:, None]
     if kv.dim() != 3 or kv.shape[2] != row:
         unit = "bytes" if kv_format == "fp8_ds_mla" else "values"
-        fail("kv_cache", f"shape [num_blocks, block_size, {row}] or [num_slots, {row}] ({row} {unit} per row for "
+        fail(arg, f"shape [num_blocks, block_size, {row}] or [num_slots, {row}] ({row} {unit} per row for "
              f"kv_format {kv_format!r} and D_qk {D_V + d_rope})", kv_cache)
     nb, bs, _ = kv.shape
-    check_paged_strides("kv_cache", kv, kv_cache, row)
+    check_paged_strides(arg, kv, kv_cache, row)
     if kv_format == "fp8_ds_mla":
         misaligned = (nb > 1 and kv.stride(0) % 4) or (bs > 1 and kv.stride(1) % 4) or kv.data_ptr() % 4
         if misaligned:
-            fail("kv_cache", "fp8_ds_mla rows aligned to 4 bytes (strides and start divisible by 4)",
+            fail(arg, "fp8_ds_mla rows aligned to 4 bytes (strides and start divisible by 4)",
                  f"strides {tuple(kv_cache.stride())}, start offset {kv.data_ptr() % 16} mod 16")
     return kv, kv_format, nb * bs, bs
 
@@ -160,10 +168,27 @@ def _check_optional_vector(arg, x, dtype, n, device):
         fail(arg, f"device {device} (the device of q)", x)
 
 
+def _check_indices(arg, indices, T, device):
+    if isinstance(indices, torch.Tensor) and indices.dim() == 3 and indices.shape[1] == 1:
+        indices = indices[:, 0]  # FlashMLA's [T, 1, topk]
+    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
+        fail(arg, "an int32 tensor [T, topk]", indices)
+    if indices.dim() != 2 or indices.shape[0] != T or indices.shape[1] < 1:
+        fail(arg, f"shape [{T}, topk] with topk >= 1", indices)
+    if indices.shape[1] > MAX_TOPK:
+        fail(arg, f"topk <= {MAX_TOPK} (the longest top-k list the kernels are tested for; a longer list "
+             f"can be split into chunks whose (out, lse) pairs are merged by log-sum-exp)", indices)
+    if indices.device != device:
+        fail(arg, f"device {device} (the device of q)", indices)
+    return indices
+
+
 def check_attention_inputs(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float, *,
                            kv_format: str | None = None, k_scale: float | torch.Tensor | None = None,
                            topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
-                           out: torch.Tensor | None = None) -> AttentionProblem:
+                           out: torch.Tensor | None = None, extra_kv_cache: torch.Tensor | None = None,
+                           extra_indices: torch.Tensor | None = None,
+                           extra_topk_length: torch.Tensor | None = None) -> AttentionProblem:
     """Validate the arguments of ``sparse_mla_attention`` and return them normalised (no copies)."""
     q_nope, q_pe = _check_q(q)
     T, H = q_nope.shape[:2]
@@ -181,17 +206,21 @@ def check_attention_inputs(q: Query, kv_cache: torch.Tensor, indices: torch.Tens
     if kv_format == "fp8_ds_mla" and d_rope not in D_ROPES:
         fail("q", f"D_rope {D_ROPE} or 0 for fp8_ds_mla", q_nope)
 
-    if isinstance(indices, torch.Tensor) and indices.dim() == 3 and indices.shape[1] == 1:
-        indices = indices[:, 0]  # FlashMLA's [T, 1, topk]
-    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32:
-        fail("indices", "an int32 tensor [T, topk]", indices)
-    if indices.dim() != 2 or indices.shape[0] != T or indices.shape[1] < 1:
-        fail("indices", f"shape [{T}, topk] with topk >= 1", indices)
-    if indices.shape[1] > MAX_TOPK:
-        fail("indices", f"topk <= {MAX_TOPK} (the longest top-k list the kernels are tested for; a longer list "
-             f"can be split into chunks whose (out, lse) pairs are merged by log-sum-exp)", indices)
-    if indices.device != device:
-        fail("indices", f"device {device} (the device of q)", indices)
+    indices = _check_indices("indices", indices, T, device)
+    extra = {}
+    if extra_kv_cache is None:
+        for arg, x in (("extra_indices", extra_indices), ("extra_topk_length", extra_topk_length)):
+            if x is not None:
+                fail(arg, "None without extra_kv_cache (it indexes the extra cache)", x)
+    else:
+        if extra_indices is None:
+            fail("extra_indices", "an int32 tensor [T, topk] of slot ids in extra_kv_cache (extra_kv_cache is given)",
+                 "None")
+        kv2, _, num_slots2, block_size2 = _check_kv(extra_kv_cache, kv_format, d_rope, device, "extra_kv_cache")
+        indices2 = _check_indices("extra_indices", extra_indices, T, device)
+        _check_optional_vector("extra_topk_length", extra_topk_length, torch.int32, T, device)
+        extra = dict(kv2=kv2, indices2=indices2, topk_length2=extra_topk_length, topk2=indices2.shape[1],
+                     block_size2=block_size2, num_slots2=num_slots2)
 
     if isinstance(softmax_scale, torch.Tensor) or isinstance(softmax_scale, bool) or \
             not isinstance(softmax_scale, (int, float)):
@@ -215,13 +244,15 @@ def check_attention_inputs(q: Query, kv_cache: torch.Tensor, indices: torch.Tens
     return AttentionProblem(q_nope=q_nope, q_pe=q_pe, kv=kv, kv_format=kv_format, indices=indices,
                             softmax_scale=float(softmax_scale), k_scale=k_scale, topk_length=topk_length,
                             attn_sink=attn_sink, out=out, T=T, H=H, d_rope=d_rope, topk=indices.shape[1],
-                            block_size=block_size, num_slots=num_slots)
+                            block_size=block_size, num_slots=num_slots, **extra)
 
 
 def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float, *,
                          kv_format: str | None = None, k_scale: float | torch.Tensor | None = None,
                          topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
-                         out: torch.Tensor | None = None, return_lse: bool = False
+                         out: torch.Tensor | None = None, return_lse: bool = False,
+                         extra_kv_cache: torch.Tensor | None = None, extra_indices: torch.Tensor | None = None,
+                         extra_topk_length: torch.Tensor | None = None
                          ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA attention with the Triton kernels.
 
@@ -233,26 +264,32 @@ def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor
     """
     return sparse_mla_attention_with_config(q, kv_cache, indices, softmax_scale, kv_format=kv_format,
                                             k_scale=k_scale, topk_length=topk_length, attn_sink=attn_sink, out=out,
-                                            return_lse=return_lse)
+                                            return_lse=return_lse, extra_kv_cache=extra_kv_cache,
+                                            extra_indices=extra_indices, extra_topk_length=extra_topk_length)
 
 
 def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float,
                                      *, kv_format: str | None = None, k_scale: float | torch.Tensor | None = None,
                                      topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
                                      out: torch.Tensor | None = None, return_lse: bool = False, kernel: str = "auto",
-                                     return_config: bool = False, **config_overrides: object
+                                     return_config: bool = False, extra_kv_cache: torch.Tensor | None = None,
+                                     extra_indices: torch.Tensor | None = None,
+                                     extra_topk_length: torch.Tensor | None = None, **config_overrides: object
                                      ) -> torch.Tensor | tuple:
     """:func:`sparse_mla_attention` with the kernel choice exposed: ``kernel`` is ``"auto"``, ``"decode"`` or
     ``"prefill"``; ``config_overrides`` replace fields of the chosen
     :class:`~triton_mla_sparse.ops.sparse_mla.configs.AttentionConfig`; ``return_config`` appends the config used."""
     p = check_attention_inputs(q, kv_cache, indices, softmax_scale, kv_format=kv_format, k_scale=k_scale,
-                               topk_length=topk_length, attn_sink=attn_sink, out=out)
+                               topk_length=topk_length, attn_sink=attn_sink, out=out, extra_kv_cache=extra_kv_cache,
+                               extra_indices=extra_indices, extra_topk_length=extra_topk_length)
     dev = p.device
     check_kernel_device(dev)
     arch = None
     if dev.type == "cuda":
         arch = arch_for_device(dev)
         reasons = _unsupported(arch, p.dtype, p.kv_format, p.d_rope, p.H, p.topk, p.block_size, dev)
+        if not reasons and p.kv2 is not None:
+            reasons = _unsupported(arch, p.dtype, p.kv_format, p.d_rope, p.H, p.topk2, p.block_size2, dev)
         if reasons:
             raise ValueError(f"q: this configuration is not supported on {describe_device(dev)}: "
                              + "; ".join(reasons))
@@ -263,14 +300,16 @@ def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: 
         # a cache the Gluon kernels cannot read (rows off 16 elements, converted rows, fp16 q with fp8_ds_mla) gets
         # the tl kernel's own table entry, whatever the table or a family override would give
         tl_only = not gluon_reads_problem(p)
+    # with an extra cache the kernel walks one list of both (the tl kernel only), as long as the two together
+    topk = p.topk + p.topk2
     if config_overrides:
         family = config_overrides.get("family")
         # a family that cannot run this problem at all still gets choose_config's ValueError
         refused = family not in (None, "tl") and not gluon_supported(family, arch, p.kv_format, p.dtype)
         over = dict(config_overrides, family="tl") if tl_only and not refused else config_overrides
-        cfg = choose_config(p.T, p.H, p.topk, dev, kernel, kv_format=p.kv_format, arch=arch, q_dtype=p.dtype, **over)
+        cfg = choose_config(p.T, p.H, topk, dev, kernel, kv_format=p.kv_format, arch=arch, q_dtype=p.dtype, **over)
     else:
-        cfg = _choose_config(p.T, p.H, p.topk, dev, kernel, p.kv_format, arch, p.dtype, tl_only)
+        cfg = _choose_config(p.T, p.H, topk, dev, kernel, p.kv_format, arch, p.dtype, tl_only)
     result = out if out is not None else torch.empty(p.T, p.H, D_V, dtype=p.dtype, device=dev)
     lse = torch.empty(p.T, p.H, dtype=torch.float32, device=dev) if return_lse else None
     if p.T > 0:

@@ -231,7 +231,7 @@ def _attend(b_q0, b_q1, b_q2, b_q3, b_qr, b_k0, b_k1, b_k2, b_k3, b_kr, m_n, b_m
     return b_m_new, b_l, b_a0, b_a1, b_a2, b_a3
 
 
-@triton.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len"])
+@triton.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len", "topk2", "num_slots2"])
 def _sparse_mla_fwd_kernel(
     q_nope_ptr, q_pe_ptr, kv_ptr, idx_ptr, topk_len_ptr, sink_ptr, k_scale_ptr, out_ptr, lse_ptr,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
@@ -241,10 +241,13 @@ def _sparse_mla_fwd_kernel(
     stride_l_t, stride_l_s, stride_l_h,
     T, H, topk, num_slots, block_size, num_splits, split_len,
     sm_scale_log2, k_scale,
+    kv2_ptr, idx2_ptr, topk_len2_ptr, stride_kv2_blk, stride_kv2_row, stride_idx2_t, stride_idx2_k, stride_tl2,
+    topk2, num_slots2, block_size2,
     FMT: tl.constexpr, CONVERT: tl.constexpr, HAS_ROPE: tl.constexpr,
     HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, K_SCALE_PTR: tl.constexpr,
     SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SW_FP8: tl.constexpr,
     F16_DOT: tl.constexpr, LOW_REG: tl.constexpr, PDL: tl.constexpr,
+    HAS_EXTRA: tl.constexpr, HAS_TOPK_LEN2: tl.constexpr,
 ):
     i_ts = tl.program_id(0)
     i_hb = tl.program_id(1)
@@ -268,12 +271,21 @@ def _sparse_mla_fwd_kernel(
         p_qr = q_pe_ptr + i_t * stride_qp_t + o_h[:, None].to(tl.int64) * stride_qp_h + o_r[None, :]
         b_qr = tl.load(p_qr, mask=m_h[:, None], other=0.0)
 
-    # This program's part of the row's list.
+    # This program's part of the row's list. With an extra cache the list is the row's main list, padded to whole
+    # tiles (n_pad), then its extra list: a tile never mixes the two caches.
     n_row = topk
     if HAS_TOPK_LEN:
         n_row = tl.minimum(tl.maximum(tl.load(topk_len_ptr + i_t * stride_tl), 0), topk)
+    n_all = n_row
+    n_pad = n_row
+    if HAS_EXTRA:
+        n_pad = tl.cdiv(n_row, BLOCK_N) * BLOCK_N
+        n_row2 = topk2
+        if HAS_TOPK_LEN2:
+            n_row2 = tl.minimum(tl.maximum(tl.load(topk_len2_ptr + i_t * stride_tl2), 0), topk2)
+        n_all = n_pad + n_row2
     n_start = i_s * split_len
-    n_end = tl.minimum(n_start + split_len, n_row)
+    n_end = tl.minimum(n_start + split_len, n_all)
 
     b_m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -303,8 +315,12 @@ def _sparse_mla_fwd_kernel(
         if SW_FP8:
             sw_factor = 256.0  # the integer decode's float16 is the value / 256
     for n0 in range(n_start, n_end, BLOCK_N):
-        p_row, m_n = _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, n0 + o_n, n_end, num_slots, block_size, kv_ptr,
-                           stride_kv_blk, stride_kv_row)
+        if HAS_EXTRA and n0 >= n_pad:
+            p_row, m_n = _rows(idx2_ptr, i_t, stride_idx2_t, stride_idx2_k, n0 - n_pad + o_n, n_end - n_pad,
+                               num_slots2, block_size2, kv2_ptr, stride_kv2_blk, stride_kv2_row)
+        else:
+            p_row, m_n = _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, n0 + o_n, tl.minimum(n_end, n_row),
+                               num_slots, block_size, kv_ptr, stride_kv_blk, stride_kv_row)
         if HAS_ROPE:
             b_kr = _dequant_rope(_gather_rope(p_row, o_r, m_n, FMT), FMT, CONVERT, SW_FP8, dt)
         else:
@@ -465,10 +481,10 @@ def _cache_view(p: AttentionProblem) -> tuple[torch.Tensor, int, bool]:
 
 
 def gluon_reads_problem(p: AttentionProblem) -> bool:
-    """The Gluon kernels can read this problem's cache (:func:`_gluon_reads`); the API runs the tl kernel
-    otherwise, chosen from its own table entry."""
+    """The Gluon kernels can read this problem's cache (:func:`_gluon_reads`) and it has no extra cache (the tl
+    kernel's alone); the API runs the tl kernel otherwise, chosen from its own table entry."""
     kv, fmt, convert = _cache_view(p)
-    return _gluon_reads(kv, fmt, convert, p.q_nope.dtype)
+    return p.kv2 is None and _gluon_reads(kv, fmt, convert, p.q_nope.dtype)
 
 
 def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tensor,
@@ -490,7 +506,10 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
     topk_len = p.topk_length if p.topk_length is not None else p.indices
     n_hb = triton.cdiv(H, cfg.block_h)
     ns = cfg.num_splits if cfg.kernel == "decode" else 1
+    # the list the kernel walks: the main list, then (tl kernel) the extra list from the next whole tile on
+    n_list = p.topk if p.kv2 is None else triton.cdiv(p.topk, cfg.block_n) * cfg.block_n + p.topk2
     if cfg.kernel == "decode":
+        ns = triton.cdiv(n_list, cfg.split_len)
         # one allocation: partial outputs, partial lse values and (when the caller did not ask for it) the lse
         n_o, n_l = T * ns * H * 512, -(-T * ns * H // 4) * 4  # 16-byte aligned pieces
         work = torch.empty(n_o + n_l + (T * H if lse is None else 0), dtype=torch.float32, device=out.device)
@@ -506,6 +525,7 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
         HAS_SINK=p.attn_sink is not None, K_SCALE_PTR=k_scale_ptr,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8,
         F16_DOT=cfg.f16_dot and fmt == FMT_FP8_DS_MLA, LOW_REG=cfg.low_reg,
+        HAS_EXTRA=p.kv2 is not None, HAS_TOPK_LEN2=p.topk_length2 is not None,
     )
     pdl = cfg.pdl and cfg.kernel == "decode"
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -532,11 +552,21 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
                 sink.stride(0))
     sizes = (T, H, p.topk, p.num_slots, p.block_size)
     scales = (p.softmax_scale * LOG2E, k_scale_f)
+    if cfg.family == "tl":  # the extra cache's arguments (dummies without one)
+        if p.kv2 is None:
+            scales += (kv, p.indices, topk_len, 0, 0, 0, 0, 0, 0, 0, 1)
+        else:
+            kv2 = p.kv2.view(torch.uint8) if p.kv_format == "fp8_e4m3" else p.kv2
+            tl2 = p.topk_length2 if p.topk_length2 is not None else p.indices2
+            scales += (kv2, p.indices2, tl2, kv2.stride(0), kv2.stride(1), p.indices2.stride(0),
+                       p.indices2.stride(1), tl2.stride(0), p.topk2, p.num_slots2, p.block_size2)
+    elif p.kv2 is not None:
+        raise ValueError(f"family: the extra cache is read by the tl kernel only, got {cfg.family!r}")
     if cfg.kernel == "prefill":
         launch((T, n_hb), (
             *args, out, lse, *qstrides,
             out.stride(0), 0, out.stride(1), lse.stride(0), 0, lse.stride(1),
-            *sizes, 1, p.topk, *scales), dict(common, SPLIT=False, PDL=False), **opts)
+            *sizes, 1, n_list, *scales), dict(common, SPLIT=False, PDL=False), **opts)
         return lse
     launch((T * ns, n_hb), (
         *args, part_o, part_lse, *qstrides,

@@ -28,11 +28,34 @@ def dequantize_rows(p: AttentionProblem, rows: torch.Tensor, dtype: torch.dtype)
     return vals
 
 
+def _slots(kv: torch.Tensor, indices: torch.Tensor, topk_length: torch.Tensor | None, num_slots: int,
+           block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(kv, valid [T, topk], block, offset)`` of one list: an entry is valid inside its row's length and when
+    0 <= slot < num_slots; invalid entries point at slot 0."""
+    idx = indices.long()
+    topk = idx.shape[1]
+    valid = (idx >= 0) & (idx < num_slots)
+    if topk_length is not None:
+        n = topk_length.long().clamp(0, topk)
+        valid &= torch.arange(topk, device=idx.device)[None, :] < n[:, None]
+    safe = torch.where(valid, idx, torch.zeros_like(idx))
+    return kv, valid, safe // block_size, safe % block_size
+
+
+def _gather(kv: torch.Tensor, blk: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
+    """Rows ``kv[blk, off]`` as stored (zeros from an empty cache: every entry is then invalid)."""
+    if kv.shape[0] * kv.shape[1] == 0:
+        return kv.new_zeros(*blk.shape, kv.shape[2])
+    return kv[blk, off]
+
+
 def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor, softmax_scale: float, *,
                          kv_format: str | None = None, k_scale: float | torch.Tensor | None = None,
                          topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
                          out: torch.Tensor | None = None, return_lse: bool = False,
-                         compute_dtype: torch.dtype = torch.float32, out_dtype: torch.dtype | None = None
+                         compute_dtype: torch.dtype = torch.float32, out_dtype: torch.dtype | None = None,
+                         extra_kv_cache: torch.Tensor | None = None, extra_indices: torch.Tensor | None = None,
+                         extra_topk_length: torch.Tensor | None = None
                          ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     r"""Sparse MLA attention over a paged cache (absorbed MLA, one shared KV head).
 
@@ -56,8 +79,16 @@ def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor
                     returned without the sink.
       out           optional ``[T, H, 512]`` tensor of the output dtype to write into (any strides, unit last).
       return_lse    also return ``lse [T, H]`` float32 (float64 when computing in float64).
+      extra_kv_cache, extra_indices, extra_topk_length
+                    optional second cache (DeepSeek-V4's: FlashMLA's ``extra_k_cache``, ``extra_indices_in_kvcache``,
+                    ``extra_topk_length``): a cache of the same format (and k_scale) with its own block size and
+                    slot count, its int32 slot ids ``[T, topk2]`` (or ``[T, 1, topk2]``, any topk2 >= 1; the same
+                    validity rule, against the extra cache's slots) and optional int32 lengths ``[T]``. Row t
+                    attends to its valid main entries and its valid extra entries together: one softmax, one lse.
+                    With D_qk = 512 (NoPE q) and 512-value rows, V is the whole row, as in DeepSeek-V4.
 
-    Result, per row t and head h, over the valid entries j of row t (after topk_length):
+    Result, per row t and head h, over the valid entries j of row t (after topk_length; with an extra cache, those
+    of both lists, each entry's row read from its own cache):
       ``s_j = softmax_scale · <q[t,h], K[I[t,j]]>``, ``lse = ln Σ_j exp(s_j)`` (natural log),
       ``out[t,h] = Σ_j exp(s_j - lse) · K[I[t,j]][:512]`` (V is the latent part of the same row).
       A row with no valid entry gives ``out = 0`` and ``lse = -inf`` (vLLM's merge convention; FlashMLA returns
@@ -70,30 +101,26 @@ def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor
     if compute_dtype not in (torch.float32, torch.float64):
         raise ValueError(f"compute_dtype: expected torch.float32 or torch.float64, got {compute_dtype}")
     p = check_attention_inputs(q, kv_cache, indices, softmax_scale, kv_format=kv_format, k_scale=k_scale,
-                               topk_length=topk_length, attn_sink=attn_sink, out=out)
+                               topk_length=topk_length, attn_sink=attn_sink, out=out, extra_kv_cache=extra_kv_cache,
+                               extra_indices=extra_indices, extra_topk_length=extra_topk_length)
     cd = compute_dtype
     T, H = p.T, p.H
     dev = p.device
     q_full = p.q_nope.to(cd) if p.q_pe is None else torch.cat([p.q_nope.to(cd), p.q_pe.to(cd)], dim=-1)
-    idx = p.indices.long()
-    valid = (idx >= 0) & (idx < p.num_slots)
-    if p.topk_length is not None:
-        n = p.topk_length.long().clamp(0, p.topk)
-        valid &= torch.arange(p.topk, device=dev)[None, :] < n[:, None]
-    safe = torch.where(valid, idx, torch.zeros_like(idx))
-    blk, off = safe // p.block_size, safe % p.block_size
+    lists = [_slots(p.kv, p.indices, p.topk_length, p.num_slots, p.block_size)]
+    if p.kv2 is not None:
+        lists.append(_slots(p.kv2, p.indices2, p.topk_length2, p.num_slots2, p.block_size2))
+    valid = torch.cat([v for _, v, _, _ in lists], dim=1)
+    n_all = valid.shape[1]
 
     res = torch.empty(T, H, D_V, dtype=cd, device=dev)
     lse = torch.empty(T, H, dtype=cd, device=dev)
     # Gather in row chunks so a large problem (thousands of rows x topk 2048) stays within memory.
-    chunk = max(1, (1 << 26) // max(1, p.topk * q_full.shape[-1]))
+    chunk = max(1, (1 << 26) // max(1, n_all * q_full.shape[-1]))
     for t0 in range(0, T, chunk):
         sl = slice(t0, min(T, t0 + chunk))
-        if p.num_slots == 0:  # an empty cache: every entry is invalid, nothing to gather
-            raw = p.kv.new_zeros(sl.stop - sl.start, p.topk, p.kv.shape[2])
-        else:
-            raw = p.kv[blk[sl], off[sl]]  # [t, topk, row] as stored
-        k = dequantize_rows(p, raw, cd)  # [t, topk, D_qk]
+        raw = torch.cat([_gather(kv, blk[sl], off[sl]) for kv, _, blk, off in lists], dim=1)  # [t, n, row] as stored
+        k = dequantize_rows(p, raw, cd)  # [t, n, D_qk]
         k = k.masked_fill(~valid[sl, :, None], 0.0)  # invalid entries read slot 0: never let its values leak
         s = torch.einsum("thd,tkd->thk", q_full[sl], k) * p.softmax_scale
         s = s.masked_fill(~valid[sl, None, :], -math.inf)
