@@ -313,3 +313,16 @@ def test_pdl_is_refused_under_the_interpreter():
     assert not choose_config(64, 16, 2048, CPU, "decode", kv_format="fp8_ds_mla", arch=ARCHS["sm90"]).pdl
     with pytest.raises(ValueError, match="pdl"):
         choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", pdl=True)
+
+
+def test_extra_cache_where_its_build_fits():
+    """The tl kernel with an extra cache is in the compile matrix (decode-extra / prefill-extra rows) exactly where
+    the API takes one: NVIDIA targets (AMD builds spill with it, so the API refuses an extra cache there)."""
+    from triton_mla_sparse.ops.sparse_mla.aot import matrix_entries
+    from triton_mla_sparse.ops.sparse_mla.configs import extra_cache_supported
+
+    assert extra_cache_supported(None)
+    for name, arch in ARCHS.items():
+        assert extra_cache_supported(arch) == (arch.backend == "cuda"), name
+        kernels = {e[3] for e in matrix_entries(name)}
+        assert ({"decode-extra", "prefill-extra"} <= kernels) == (arch.backend == "cuda"), name

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..._common.compile import compile_kernel, matrix_row
+from ...capabilities import ARCHS
 from . import kernels as K
-from .configs import TABLE, AttentionConfig, choose_config, pdl_supported
+from .configs import TABLE, AttentionConfig, choose_config, extra_cache_supported, pdl_supported
 
 if TYPE_CHECKING:
     from triton.compiler import CompiledKernel
@@ -36,7 +37,7 @@ _INTS = ["stride_qn_t", "stride_qn_h", "stride_qp_t", "stride_qp_h", "stride_kv_
 _DIV16 = {"stride_qn_t", "stride_qn_h", "stride_qp_t", "stride_qp_h", "stride_kv_blk", "stride_kv_row",
           "stride_idx_t", "stride_o_t", "stride_o_s", "stride_o_h", "stride_l_t", "stride_l_s", "block_size"}
 
-# The extra cache's (DeepSeek-V4's second list; the tl kernel's): built with it, the worst case of that kernel.
+# The extra cache's arguments (DeepSeek-V4's second list; the tl kernel's).
 _EXTRA_INTS = ["stride_kv2_blk", "stride_kv2_row", "stride_idx2_t", "stride_idx2_k", "stride_tl2", "topk2",
                "num_slots2", "block_size2"]
 _DIV16_EXTRA = {"stride_kv2_blk", "stride_kv2_row", "stride_idx2_t", "block_size2"}
@@ -45,9 +46,9 @@ MATRIX_FORMATS = {"16bit": ("bf16",), "fp8_e4m3": ("fp8_e4m3",), "fp8_ds_mla": (
 
 
 def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split: bool, q_dtype: str = "bf16",
-                      has_rope: bool = True) -> CompiledKernel:
-    """Compile the attention kernel of ``cfg`` for ``arch`` (worst-case flags: topk_length and sink on, and for the tl
-    kernel an extra cache with its lengths)."""
+                      has_rope: bool = True, extra: bool = False) -> CompiledKernel:
+    """Compile the attention kernel of ``cfg`` for ``arch`` (worst-case flags: topk_length and sink on; ``extra``:
+    the tl kernel with an extra cache and its lengths)."""
     fmt = K._FMT_CODES[kv_format]
     kv_type = "*u8" if fmt != K.FMT_NATIVE else f"*{'fp16' if kv_format == 'fp16' else 'bf16'}"
     sig = {n: (f"*{q_dtype}" if t == "q" else kv_type if t == "kv" else t) for n, t in _PTR_TYPES.items()}
@@ -75,7 +76,7 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
     const = dict(FMT=fmt, CONVERT=fmt == K.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,
                  HAS_TOPK_LEN=True, HAS_SINK=True, K_SCALE_PTR=False, SPLIT=split, BLOCK_H=cfg.block_h,
                  BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8, F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA,
-                 LOW_REG=cfg.low_reg, PDL=cfg.pdl and split, HAS_EXTRA=True, HAS_TOPK_LEN2=True)
+                 LOW_REG=cfg.low_reg, PDL=cfg.pdl and split, HAS_EXTRA=extra, HAS_TOPK_LEN2=extra)
     return compile_kernel(K._sparse_mla_fwd_kernel, sig, const,
                           list(_PTR_TYPES) + ["kv2_ptr", "idx2_ptr", "topk_len2_ptr"] + sorted(_DIV16 | _DIV16_EXTRA),
                           arch, cfg.num_warps, cfg.num_stages, ones=("stride_idx_k", "stride_idx2_k"),
@@ -94,15 +95,20 @@ def compile_combine(arch: Arch, cfg: AttentionConfig, q_dtype: str = "bf16") -> 
 
 
 def matrix_entries(arch_name: str) -> list[tuple[int, str, str, str]]:
-    """Every (head class, cache class, kv format, kernel) the launch table can pick on ``arch_name``."""
+    """Every (head class, cache class, kv format, kernel) the launch table can pick on ``arch_name``; kernels
+    ``"decode-extra"`` / ``"prefill-extra"``: the tl kernel with an extra cache, where the API takes one."""
+    kernels = ("decode", "prefill") + (("decode-extra", "prefill-extra") if extra_cache_supported(ARCHS[arch_name])
+                                       else ())
     return [(hc, cc, fmt, kernel) for (hc, cc) in TABLE[arch_name] for fmt in MATRIX_FORMATS[cc]
-            for kernel in ("decode", "prefill")]
+            for kernel in kernels]
 
 
 def table_config(arch: Arch, hc: int, cc: str, kernel: str) -> AttentionConfig:
     """The config ``choose_config`` picks on ``arch`` for a head class and cache class (``hc`` heads; split sizes
-    are irrelevant to compilation)."""
-    return choose_config(1, hc, 2048, torch.device("cpu"), kernel, kv_format=MATRIX_FORMATS[cc][0], arch=arch)
+    are irrelevant to compilation); an ``-extra`` kernel is the tl kernel's (the one that reads an extra cache)."""
+    base, _, extra = kernel.partition("-")
+    return choose_config(1, hc, 2048, torch.device("cpu"), base, kv_format=MATRIX_FORMATS[cc][0], arch=arch,
+                         **({"family": "tl"} if extra else {}))
 
 
 def compile_rows(arch: Arch) -> list[dict]:
@@ -112,7 +118,8 @@ def compile_rows(arch: Arch) -> list[dict]:
     for hc, cc, fmt, kernel in matrix_entries(arch.name):
         cfg = table_config(arch, hc, cc, kernel)
         rows.append(matrix_row(arch, (hc, cc, fmt, kernel), cfg,
-                               lambda: compile_attention(arch, cfg, kv_format=fmt, split=kernel == "decode")))
+                               lambda: compile_attention(arch, cfg, kv_format=fmt, split=kernel.startswith("decode"),
+                                                         extra=kernel.endswith("-extra"))))
     # the combine kernel as a programmatic dependent launch where the target has it (a table entry may ask for it)
     cfg = replace(table_config(arch, 16, "16bit", "decode"), pdl=pdl_supported(arch))
     rows.append(matrix_row(arch, (0, "", "", "combine"), cfg, lambda: compile_combine(arch, cfg)))

@@ -18,7 +18,7 @@ from ..._common.validate import MAX_GRID, check_paged_strides, desc, dtype_names
 from ...capabilities import (D_ROPES, MAX_HEADS, MAX_TOPK, Q_DTYPES, arch_for_device, describe_device,
                              unsupported_reasons)
 from ...formats import D_QK, D_ROPE, D_V, KV_FORMAT_DTYPES, KV_FORMATS, infer_kv_format, kv_row_width
-from .configs import choose_config, gluon_supported
+from .configs import choose_config, extra_cache_supported, gluon_supported
 
 __all__ = ["AttentionProblem", "check_attention_inputs", "sparse_mla_attention", "sparse_mla_attention_with_config"]
 
@@ -290,6 +290,9 @@ def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: 
         reasons = _unsupported(arch, p.dtype, p.kv_format, p.d_rope, p.H, p.topk, p.block_size, dev)
         if not reasons and p.kv2 is not None:
             reasons = _unsupported(arch, p.dtype, p.kv_format, p.d_rope, p.H, p.topk2, p.block_size2, dev)
+            if not extra_cache_supported(arch):
+                fail("extra_kv_cache", f"None on {describe_device(dev)} (the kernel that reads an extra cache spills "
+                     f"registers on {arch.name}; NVIDIA GPUs only for now)", "a cache")
         if reasons:
             raise ValueError(f"q: this configuration is not supported on {describe_device(dev)}: "
                              + "; ".join(reasons))

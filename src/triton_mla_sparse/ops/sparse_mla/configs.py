@@ -292,6 +292,12 @@ def pdl_supported(arch: Arch | None) -> bool:
     return arch is not None and not interpreting() and arch.backend == "cuda" and int(arch.target) >= 90
 
 
+def extra_cache_supported(arch: Arch | None) -> bool:
+    """The tl kernel takes an extra cache on ``arch``: NVIDIA targets (and None: the interpreter). On the AMD
+    targets its build with one spills registers (the compile matrix), so the API refuses it there."""
+    return arch is None or arch.backend == "cuda"
+
+
 def wgmma_t_shared_bytes(cfg: AttentionConfig, fp8: bool) -> int:
     """Shared memory of a wgmma_t build (kernels_wgmma_t.py's buffers, and 1 KB for the compiler's reduction
     scratch): the stages' rows (fp8_ds_mla: latent bytes, scales, bf16 RoPE; else 576 16-bit values), fp8_ds_mla's
