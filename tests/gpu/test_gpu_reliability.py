@@ -27,7 +27,7 @@ import torch
 from ._env import DEV, GPU_TIER, INT32_MAX, INT32_MIN, ON_CPU, QD, gpu_only  # first: may switch on the interpreter
 from triton_mla_sparse import reference, sparse_mla_attention
 from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
-from triton_mla_sparse.ops.sparse_mla.configs import GLUON_ONLY_SWITCHES, AttentionConfig
+from triton_mla_sparse.ops.sparse_mla.configs import COMPILED_ONLY_SWITCHES, GLUON_ONLY_SWITCHES, AttentionConfig
 from triton_mla_sparse.formats import FP8_E4M3_MAX, KV_FORMAT_DTYPES, KV_FORMATS, kv_row_width
 from triton_mla_sparse.testing import encode_cache, take_rows
 
@@ -38,8 +38,9 @@ LSE_TOL = 1e-2  # |lse - ref| <= LSE_TOL + 1e-5 · |ref| (as test_gpu.py, plus a
 SCALE = 192 ** -0.5
 # Boolean switches of the launch configuration (whatever this version of the kernels has).
 # every switch of the tl kernel's configuration (the Gluon kernels' own: GLUON_MEMCHECK)
+# (not the compiled-launch ones: pdl has its own GPU test, and the interpreter and pre-sm90 targets refuse it)
 SWITCHES = sorted(n for n, f in AttentionConfig.__dataclass_fields__.items()
-                  if f.type in ("bool", bool) and n not in GLUON_ONLY_SWITCHES)
+                  if f.type in ("bool", bool) and n not in GLUON_ONLY_SWITCHES + COMPILED_ONLY_SWITCHES)
 
 if ON_CPU:
     TOPK, BS, NB, CHECK_ROWS = 40, 16, 8, 8

@@ -134,3 +134,42 @@ def test_extra_arguments_are_checked():
             with pytest.raises(ValueError, match=f"^{arg}"):
                 fn(prob, **kw)
     assert infer_kv_format(kv2) == "bf16"
+
+
+def test_split_len_must_keep_tiles_whole():
+    """A split_len that is not a multiple of the tile would let a tile straddle the two lists (its extra entries
+    then lost): refused, as is 0 or a negative one."""
+    prob = make_problem("fp16", 2, 16, 20, 16)
+    add_extra(prob, "fp16", 20, 16)
+    for bad in (24, 0, -16):
+        with pytest.raises(ValueError, match="^split_len"):
+            run_kernel(prob, "decode", split_len=bad)
+    out, lse = run_kernel(prob, "decode", out=nan_out(2, 16), split_len=16)
+    assert_matches(out, lse, *run_reference(prob), **prob.tol, what="split_len 16")
+
+
+def test_the_reported_split_count_covers_the_padded_list():
+    """``return_config``'s num_splits is the count the launch runs: the main list padded to whole tiles, then the
+    extra list, split_len each."""
+    from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
+
+    prob = make_problem("fp16", 2, 16, 20, 16)
+    add_extra(prob, "fp16", 20, 16)
+    _, cfg = sparse_mla_attention_with_config(*prob.args(), **prob.kwargs(), kernel="decode", num_splits=3,
+                                              return_config=True)
+    n_list = -(-20 // cfg.block_n) * cfg.block_n + 20
+    assert (cfg.num_splits - 1) * cfg.split_len < n_list <= cfg.num_splits * cfg.split_len
+
+
+@pytest.mark.parametrize("arg", ["kv_cache", "extra_kv_cache"])
+def test_a_block_size_of_zero_is_refused(arg):
+    prob = make_problem("bf16", 2, 16, 8, 16)
+    add_extra(prob, "bf16", 8, 16)
+    empty = prob.kv_cache[:, :0]
+    if arg == "kv_cache":
+        prob.kv_cache = empty
+    else:
+        prob.extra["extra_kv_cache"] = empty
+    for fn in (run_kernel, run_reference):
+        with pytest.raises(ValueError, match=f"^{arg}: expected a block size"):
+            fn(prob)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -127,6 +127,8 @@ def _check_kv(kv_cache, kv_format, d_rope, device, arg="kv_cache"):
         fail(arg, f"shape [num_blocks, block_size, {row}] or [num_slots, {row}] ({row} {unit} per row for "
              f"kv_format {kv_format!r} and D_qk {D_V + d_rope})", kv_cache)
     nb, bs, _ = kv.shape
+    if bs < 1:
+        fail(arg, "a block size (dimension 1) of at least 1", kv_cache)
     check_paged_strides(arg, kv, kv_cache, row)
     if kv_format == "fp8_ds_mla":
         misaligned = (nb > 1 and kv.stride(0) % 4) or (bs > 1 and kv.stride(1) % 4) or kv.data_ptr() % 4
@@ -257,7 +259,7 @@ def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor
     """Sparse MLA attention with the Triton kernels.
 
     Same arguments, semantics and results as :func:`triton_mla_sparse.reference.sparse_mla_attention` (whose
-    docstring is the contract): returns ``out [T, H, 512]`` in q's dtype (written into ``out=`` when given) and,
+    docstring is the contract; an extra cache is taken on NVIDIA GPUs and under the interpreter): returns ``out [T, H, 512]`` in q's dtype (written into ``out=`` when given) and,
     with ``return_lse=True``, ``lse [T, H]`` float32 (natural log, -inf for a row with no valid index).
     The decode (split top-k) or prefill kernel is chosen from rows × heads against the GPU's multiprocessor count.
     Tensors must be on a CUDA device (or on the CPU with ``TRITON_INTERPRET=1`` set before triton is imported).
@@ -278,7 +280,8 @@ def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: 
                                      ) -> torch.Tensor | tuple:
     """:func:`sparse_mla_attention` with the kernel choice exposed: ``kernel`` is ``"auto"``, ``"decode"`` or
     ``"prefill"``; ``config_overrides`` replace fields of the chosen
-    :class:`~triton_mla_sparse.ops.sparse_mla.configs.AttentionConfig`; ``return_config`` appends the config used."""
+    :class:`~triton_mla_sparse.ops.sparse_mla.configs.AttentionConfig`; ``return_config`` appends the config used.
+    With an extra cache (``extra_*``) the tl kernel runs, whatever the table or a ``family`` override says."""
     p = check_attention_inputs(q, kv_cache, indices, softmax_scale, kv_format=kv_format, k_scale=k_scale,
                                topk_length=topk_length, attn_sink=attn_sink, out=out, extra_kv_cache=extra_kv_cache,
                                extra_indices=extra_indices, extra_topk_length=extra_topk_length)
@@ -289,10 +292,13 @@ def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: 
         arch = arch_for_device(dev)
         reasons = _unsupported(arch, p.dtype, p.kv_format, p.d_rope, p.H, p.topk, p.block_size, dev)
         if not reasons and p.kv2 is not None:
-            reasons = _unsupported(arch, p.dtype, p.kv_format, p.d_rope, p.H, p.topk2, p.block_size2, dev)
             if not extra_cache_supported(arch):
                 fail("extra_kv_cache", f"None on {describe_device(dev)} (the kernel that reads an extra cache spills "
                      f"registers on {arch.name}; NVIDIA GPUs only for now)", "a cache")
+            extra_reasons = _unsupported(arch, p.dtype, p.kv_format, p.d_rope, p.H, p.topk2, p.block_size2, dev)
+            if extra_reasons:
+                raise ValueError(f"extra_kv_cache: this configuration is not supported on {describe_device(dev)}: "
+                                 + "; ".join(extra_reasons))
         if reasons:
             raise ValueError(f"q: this configuration is not supported on {describe_device(dev)}: "
                              + "; ".join(reasons))
@@ -313,6 +319,9 @@ def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: 
         cfg = choose_config(p.T, p.H, topk, dev, kernel, kv_format=p.kv_format, arch=arch, q_dtype=p.dtype, **over)
     else:
         cfg = _choose_config(p.T, p.H, topk, dev, kernel, p.kv_format, arch, p.dtype, tl_only)
+    if p.kv2 is not None and cfg.kernel == "decode":  # the splits the launch runs over the padded list
+        n_list = -(-p.topk // cfg.block_n) * cfg.block_n + p.topk2
+        cfg = replace(cfg, num_splits=-(-n_list // cfg.split_len))
     result = out if out is not None else torch.empty(p.T, p.H, D_V, dtype=p.dtype, device=dev)
     lse = torch.empty(p.T, p.H, dtype=torch.float32, device=dev) if return_lse else None
     if p.T > 0:

@@ -435,6 +435,10 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
                           overlap=launch.overlap and cache_class(kv_format) == "fp8_ds_mla",
                           pdl=launch.pdl and kernel == "decode" and pdl_supported(arch))
     cfg = replace(cfg, **overrides) if overrides else cfg
+    if type(cfg.split_len) is not int or cfg.split_len < 1 or cfg.split_len % cfg.block_n:
+        # a program's range starts on a tile boundary: tiles never straddle two programs (or the two lists of an
+        # extra cache)
+        raise ValueError(f"split_len: expected a positive multiple of block_n ({cfg.block_n}), got {cfg.split_len!r}")
     if cfg.pdl and not pdl_supported(arch):
         raise ValueError(f"pdl: programmatic dependent launch needs an NVIDIA GPU from sm90 on (not the interpreter), "
                          f"got {arch.name if arch else 'no GPU'}")
