@@ -54,11 +54,7 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
     sig = {n: (f"*{q_dtype}" if t == "q" else kv_type if t == "kv" else t) for n, t in _PTR_TYPES.items()}
     sig.update({n: "i32" for n in _INTS})
     sig.update(sm_scale_log2="fp32", k_scale="fp32")
-    sig.update(kv2_ptr=kv_type, idx2_ptr="*i32", topk_len2_ptr="*i32",
-               **{n: "i32" for n in _EXTRA_INTS})
     if cfg.family != "tl":
-        for n in ("kv2_ptr", "idx2_ptr", "topk_len2_ptr", *_EXTRA_INTS):
-            del sig[n]
         if cfg.family == "wgmma":
             from .kernels_wgmma import _sparse_mla_fwd_wgmma as fn
         elif cfg.family == "wgmma_t":
@@ -73,6 +69,7 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
             const["OVERLAP"] = cfg.overlap and fmt == K.FMT_FP8_DS_MLA
         return compile_kernel(fn, sig, const, list(_PTR_TYPES) + sorted(_DIV16), arch, cfg.num_warps, 1,
                               ones=("stride_idx_k",), max_registers=cfg.max_registers)
+    sig.update(kv2_ptr=kv_type, idx2_ptr="*i32", topk_len2_ptr="*i32", **{n: "i32" for n in _EXTRA_INTS})
     const = dict(FMT=fmt, CONVERT=fmt == K.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,
                  HAS_TOPK_LEN=True, HAS_SINK=True, K_SCALE_PTR=False, SPLIT=split, BLOCK_H=cfg.block_h,
                  BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8, F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA,

@@ -56,6 +56,11 @@ class AttentionProblem:
     block_size2: int = 0
     num_slots2: int = 0
 
+    def list_len(self, block_n: int) -> int:
+        """Entries per row the kernel walks in tiles of ``block_n``: the main list, then (with an extra cache) the
+        extra list from the next whole tile on, so that no tile mixes the two caches."""
+        return self.topk if self.kv2 is None else -(-self.topk // block_n) * block_n + self.topk2
+
     @property
     def device(self) -> torch.device:
         return self.q_nope.device
@@ -319,9 +324,10 @@ def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: 
         cfg = choose_config(p.T, p.H, topk, dev, kernel, kv_format=p.kv_format, arch=arch, q_dtype=p.dtype, **over)
     else:
         cfg = _choose_config(p.T, p.H, topk, dev, kernel, p.kv_format, arch, p.dtype, tl_only)
-    if p.kv2 is not None and cfg.kernel == "decode":  # the splits the launch runs over the padded list
-        n_list = -(-p.topk // cfg.block_n) * cfg.block_n + p.topk2
-        cfg = replace(cfg, num_splits=-(-n_list // cfg.split_len))
+    if cfg.kernel == "decode":  # the splits that cover the list (overrides of both fields, an extra cache's padding)
+        num_splits = -(-p.list_len(cfg.block_n) // cfg.split_len)
+        if num_splits != cfg.num_splits:
+            cfg = replace(cfg, num_splits=num_splits)
     result = out if out is not None else torch.empty(p.T, p.H, D_V, dtype=p.dtype, device=dev)
     lse = torch.empty(p.T, p.H, dtype=torch.float32, device=dev) if return_lse else None
     if p.T > 0:

@@ -492,7 +492,8 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
     """Launch the kernel(s) of ``cfg`` for the validated problem ``p`` (an ``AttentionProblem``), writing ``out``
     [T, H, 512] and ``lse`` [T, H] float32 (allocated when None); returns ``lse``. No host synchronisation; the
     decode kernel allocates one float32 workspace of T · splits · H · 513 values (+ T · H for an unrequested lse).
-    ``cfg`` names a Gluon family only where :func:`gluon_reads_problem` holds (the API chooses so)."""
+    ``cfg`` names a Gluon family only where :func:`gluon_reads_problem` holds, and its decode splits cover
+    ``p.list_len(cfg.block_n)`` entries (the API chooses so)."""
     import torch
 
     T, H = p.T, p.H
@@ -505,11 +506,8 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
     k_scale_f = float(p.k_scale) if (p.k_scale is not None and not k_scale_ptr) else 1.0
     topk_len = p.topk_length if p.topk_length is not None else p.indices
     n_hb = triton.cdiv(H, cfg.block_h)
-    ns = cfg.num_splits if cfg.kernel == "decode" else 1
-    # the list the kernel walks: the main list, then (tl kernel) the extra list from the next whole tile on
-    n_list = p.topk if p.kv2 is None else triton.cdiv(p.topk, cfg.block_n) * cfg.block_n + p.topk2
+    ns = cfg.num_splits if cfg.kernel == "decode" else 1  # the API's count covers p.list_len(cfg.block_n)
     if cfg.kernel == "decode":
-        ns = triton.cdiv(n_list, cfg.split_len)
         # one allocation: partial outputs, partial lse values and (when the caller did not ask for it) the lse
         n_o, n_l = T * ns * H * 512, -(-T * ns * H // 4) * 4  # 16-byte aligned pieces
         work = torch.empty(n_o + n_l + (T * H if lse is None else 0), dtype=torch.float32, device=out.device)
@@ -552,27 +550,28 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
                 sink.stride(0))
     sizes = (T, H, p.topk, p.num_slots, p.block_size)
     scales = (p.softmax_scale * LOG2E, k_scale_f)
-    if cfg.family == "tl":  # the extra cache's arguments (dummies without one)
+    extra = ()  # the tl kernel's extra-cache arguments (dummies without one); the Gluon kernels have none
+    if cfg.family == "tl":
         if p.kv2 is None:
-            scales += (kv, p.indices, topk_len, 0, 0, 0, 0, 0, 0, 0, 1)
+            extra = (kv, p.indices, topk_len, 0, 0, 0, 0, 0, 0, 0, 1)
         else:
             kv2 = p.kv2.view(torch.uint8) if p.kv_format == "fp8_e4m3" else p.kv2
             tl2 = p.topk_length2 if p.topk_length2 is not None else p.indices2
-            scales += (kv2, p.indices2, tl2, kv2.stride(0), kv2.stride(1), p.indices2.stride(0),
-                       p.indices2.stride(1), tl2.stride(0), p.topk2, p.num_slots2, p.block_size2)
+            extra = (kv2, p.indices2, tl2, kv2.stride(0), kv2.stride(1), p.indices2.stride(0),
+                     p.indices2.stride(1), tl2.stride(0), p.topk2, p.num_slots2, p.block_size2)
     elif p.kv2 is not None:
         raise ValueError(f"family: the extra cache is read by the tl kernel only, got {cfg.family!r}")
     if cfg.kernel == "prefill":
         launch((T, n_hb), (
             *args, out, lse, *qstrides,
             out.stride(0), 0, out.stride(1), lse.stride(0), 0, lse.stride(1),
-            *sizes, 1, n_list, *scales), dict(common, SPLIT=False, PDL=False), **opts)
+            *sizes, 1, p.list_len(cfg.block_n), *scales, *extra), dict(common, SPLIT=False, PDL=False), **opts)
         return lse
     launch((T * ns, n_hb), (
         *args, part_o, part_lse, *qstrides,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
-        *sizes, ns, cfg.split_len, *scales), dict(common, SPLIT=True, PDL=pdl), **opts)
+        *sizes, ns, cfg.split_len, *scales, *extra), dict(common, SPLIT=True, PDL=pdl), **opts)
     _launch_combine((T, triton.cdiv(H, cfg.combine_block_h)), (
         part_o, part_lse, sink, out, lse,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
