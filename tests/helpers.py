@@ -7,6 +7,7 @@ with a spread of a few units (neither uniform nor one-hot softmax weights).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -339,3 +340,32 @@ class interpreter_memcheck:
         self.violations.append(f"{kind} of {bad.size} element(s) of {size} B outside every argument; first at "
                                f"{int(bad[0]) - near[0]:+d} B from the start of {near[2]!r} "
                                f"(extent {near[1] - near[0]} B)")
+
+
+@contextlib.contextmanager
+def poisoned_allocations_probe_select():
+    """While active, every fresh int32 ``torch.empty`` holds 0x5A5A5A5A and every float32 one NaN (uninitialised
+    memory made visible), and each split-select launch appends to the yielded list whether the workspace it was
+    given is all zeros (``indexer_topk`` leaves zeroing it to the logits launch)."""
+    from triton_mla_sparse.ops.topk import split_select as K
+
+    real_empty, real_select = torch.empty, K.launch_split_select
+    seen: list[bool] = []
+
+    def poisoned_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        if t.dtype == torch.int32:
+            t.fill_(0x5A5A5A5A)
+        elif t.dtype == torch.float32:
+            t.fill_(float("nan"))
+        return t
+
+    def checking_select(logits, out, topk, cfg, ws=None):
+        seen.append(ws is not None and bool((ws == 0).all()))
+        return real_select(logits, out, topk, cfg, ws)
+
+    torch.empty, K.launch_split_select = poisoned_empty, checking_select
+    try:
+        yield seen
+    finally:
+        torch.empty, K.launch_split_select = real_empty, real_select

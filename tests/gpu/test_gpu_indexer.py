@@ -17,6 +17,8 @@ from triton_mla_sparse import reference
 from triton_mla_sparse.formats import quantize_indexer_cache
 from triton_mla_sparse.testing import assert_close, quantize_indexer_q
 
+from helpers import poisoned_allocations_probe_select  # tests/ is on sys.path (rootdir-relative imports)
+
 HAVE_CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU")]
 
@@ -336,31 +338,15 @@ def test_wgmma_zeroes_the_split_workspace(chunk_tiles, wgmma_launches):
 
 
 @sm90_only
-def test_wgmma_topk_gets_a_zeroed_workspace(monkeypatch, wgmma_launches):
+def test_wgmma_topk_gets_a_zeroed_workspace(wgmma_launches):
     """``indexer_topk`` (split select) leaves zeroing its uninitialised workspace to the wgmma launch: with every
-    fresh int32 allocation poisoned the select still receives zeros and the result matches the reference."""
-    from triton_mla_sparse.ops.topk import split_select as K
-
+    fresh int32 / float32 allocation poisoned the select still receives zeros and the result matches the
+    reference."""
     c, _ = make("decode", 64, "fp8", seed=4)
     ctx = c["block_table"].shape[1] * BS
-    real_empty, real_select = torch.empty, K.launch_split_select
-    seen = []
-
-    def poisoned_empty(*a, **k):
-        t = real_empty(*a, **k)
-        if t.dtype == torch.int32:
-            t.fill_(0x5A5A5A5A)
-        return t
-
-    def checking_select(logits, out, topk, cfg, ws=None):
-        seen.append(ws is not None and bool((ws == 0).all()))
-        return real_select(logits, out, topk, cfg, ws)
-
-    monkeypatch.setattr(torch, "empty", poisoned_empty)
-    monkeypatch.setattr(K, "launch_split_select", checking_select)
-    sel = tms.indexer_topk(*args(c), TOPK, select="split")
-    torch.cuda.synchronize()
-    monkeypatch.undo()
+    with poisoned_allocations_probe_select() as seen:
+        sel = tms.indexer_topk(*args(c), TOPK, select="split")
+        torch.cuda.synchronize()
     assert seen == [True] and wgmma_launches["wgmma"] == 1
     rows = torch.linspace(0, 63, CHECK_ROWS, device="cuda").long()
     check_topk(sel[rows], reference.indexer_logits(*args(c, rows), ctx), TOPK, atol=8e-3)

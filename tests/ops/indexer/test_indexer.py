@@ -16,7 +16,7 @@ import math
 
 import pytest
 import torch
-from helpers import DEVICE
+from helpers import DEVICE, poisoned_allocations_probe_select
 from topk_checks import assert_topk_matches
 
 import triton_mla_sparse as tms
@@ -219,34 +219,15 @@ def test_logits_launch_zeroes_the_select_workspace(rows):
     assert_logits_match(out, ref, what=f"logits with the workspace zeroing ({rows})")
 
 
-def test_topk_select_gets_a_zeroed_workspace(monkeypatch):
+def test_topk_select_gets_a_zeroed_workspace():
     """``indexer_topk`` allocates the split select's workspace uninitialised and relies on its logits launch to zero
     it: with every fresh int32/float32 allocation poisoned, the select must still receive an all-zero workspace and
     the result must match the reference."""
-    from triton_mla_sparse.ops.topk import split_select as K
-
-    real_empty, real_select = torch.empty, K.launch_split_select
-    seen = []
-
-    def poisoned_empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        if t.dtype == torch.int32:
-            t.fill_(0x5A5A5A5A)
-        elif t.dtype == torch.float32:
-            t.fill_(float("nan"))
-        return t
-
-    def checking_select(logits, out, topk, cfg, ws=None):
-        seen.append(ws is not None and bool((ws == 0).all()))
-        return real_select(logits, out, topk, cfg, ws)
-
     case = _decode_rows(make_case(k_fmt="fp8", q_dtype=torch.float8_e4m3fn, Hi=4, lengths=(37, 16, 64)))
     max_len = case["block_table"].shape[1] * 16
     ref = reference.indexer_logits(*args(case), max_len, compute_dtype=torch.float64)
-    monkeypatch.setattr(torch, "empty", poisoned_empty)
-    monkeypatch.setattr(K, "launch_split_select", checking_select)
-    sel = tms.indexer_topk(*args(case), 20, select="split")
-    monkeypatch.undo()
+    with poisoned_allocations_probe_select() as seen:
+        sel = tms.indexer_topk(*args(case), 20, select="split")
     assert seen == [True]
     assert_topk_matches(sel, ref, 20, what="poisoned allocations")
 
