@@ -17,7 +17,12 @@ DeepSeek-V4 (one 512-wide row per token: 448 NoPE values, then 64 RoPE values, a
 cache in pages (vLLM's ``fp8_ds_mla`` for V4, FlashMLA's "MODEL1", 584 bytes per token): per page of ``block_size``
 tokens, ``block_size`` rows of 576 bytes (448 e4m3 values, then the 64 RoPE values as bfloat16), then a footer of
 ``block_size`` × 8 bytes (7 UE8M0 exponents, one per 64 NoPE values, scale = 2^(byte − 127), and a zero byte), the
-page padded with zeros to a multiple of 576 bytes (:func:`quantize_fp8_ds_mla_v4`, :func:`v4_page_bytes`).
+page padded with zeros to a multiple of 576 bytes (:func:`quantize_fp8_ds_mla_v4`, :func:`v4_page_bytes`). The
+attention kernels read it in place as kv_format ``"fp8_ds_mla_v4"`` (:data:`PAGED_KV_FORMATS`: a token is not a row
+of its own, so the format is never inferred from the dtype and must be named). vLLM holds such a cache as the uint8
+view ``[num_blocks, block_size, 584]`` (strides ``(block stride, 584, 1)``: the page's bytes, not its rows;
+:func:`v4_token_view`) and hands FlashMLA ``[num_blocks, block_size, 1, 584]``; the writer sees ``[num_blocks,
+page_bytes]``.
 
 The DSA indexer reads its own cache, vLLM's fp8 indexer layout: per block of ``block_size`` tokens, the
 ``block_size · 128`` e4m3 key values (token-major) followed by ``block_size`` float32 scales (``amax / 448`` per
@@ -43,31 +48,40 @@ V4_QUANT_BLOCK = 64  # NoPE values per UE8M0 scale
 V4_SCALES = V4_NOPE // V4_QUANT_BLOCK  # 7
 V4_ROW_BYTES = V4_NOPE + 2 * V4_ROPE  # 576
 V4_FOOTER_BYTES = 8  # per token: 7 exponents and a zero byte
+V4_TOKEN_BYTES = V4_ROW_BYTES + V4_FOOTER_BYTES  # 584: the last dimension of vLLM's / FlashMLA's view
 D_INDEX = 128  # indexer key/query width
 INDEXER_ROW_BYTES = D_INDEX + 4  # e4m3 values + one float32 scale per token
 
-KV_FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")
+KV_FORMATS = ("bf16", "fp16", "fp8_e4m3", "fp8_ds_mla")  # row formats: each token one row of the cache
+FP8_DS_MLA_V4 = "fp8_ds_mla_v4"
+PAGED_KV_FORMATS = (FP8_DS_MLA_V4,)  # a page holds rows, then a footer of their scales (DeepSeek-V4)
+ALL_KV_FORMATS = KV_FORMATS + PAGED_KV_FORMATS  # every format the attention kernels read
 KV_FORMAT_DTYPES = {
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_ds_mla": torch.uint8,
+    FP8_DS_MLA_V4: torch.uint8,
 }
 _SCALE_FORMATS = ("pow2", "fp32")
 
 
 def infer_kv_format(kv_cache: torch.Tensor) -> str | None:
-    """The format implied by a cache tensor's dtype (None when no format matches)."""
-    for name, dtype in KV_FORMAT_DTYPES.items():
-        if kv_cache.dtype == dtype:
+    """The row format implied by a cache tensor's dtype (None when no format matches): uint8 is ``fp8_ds_mla``;
+    ``fp8_ds_mla_v4`` (also uint8) is never inferred and must be named."""
+    for name in KV_FORMATS:
+        if kv_cache.dtype == KV_FORMAT_DTYPES[name]:
             return name
     return None
 
 
 def kv_row_width(kv_format: str, d_rope: int = D_ROPE) -> int:
-    """Elements per cache row (bytes for ``fp8_ds_mla``)."""
+    """Elements per cache row (bytes for ``fp8_ds_mla``; for ``fp8_ds_mla_v4`` the 584 bytes per token, the last
+    dimension of vLLM's view)."""
     if kv_format == "fp8_ds_mla":
         return FP8_DS_MLA_BYTES
+    if kv_format == FP8_DS_MLA_V4:
+        return V4_TOKEN_BYTES
     return D_V + d_rope
 
 
@@ -195,6 +209,30 @@ def v4_page_bytes(block_size: int) -> int:
     return -(-used // V4_ROW_BYTES) * V4_ROW_BYTES
 
 
+def v4_block_size(page_bytes: int) -> int | None:
+    """The block size whose page is exactly ``page_bytes`` (:func:`v4_page_bytes` is strictly increasing), None when
+    no block size has that page."""
+    bs = page_bytes // V4_TOKEN_BYTES
+    return bs if bs >= 1 and v4_page_bytes(bs) == page_bytes else None
+
+
+def v4_token_view(pages: torch.Tensor, block_size: int) -> torch.Tensor:
+    """vLLM's view of DeepSeek-V4 pages (uint8 ``[num_blocks, page_bytes]``, each page's bytes contiguous, any
+    page stride): uint8 ``[num_blocks, block_size, 584]`` with strides ``(page stride, 584, 1)``, the same memory.
+    It spans the first ``block_size · 584`` bytes of each page (rows and footer); a token's "row" in it is not its
+    data (that is at ``576 · offset``, its scales at ``576 · block_size + 8 · offset``)."""
+    need = block_size * V4_TOKEN_BYTES
+    if not isinstance(pages, torch.Tensor) or pages.dtype != torch.uint8 or pages.dim() != 2:
+        raise ValueError(f"pages: expected uint8 [num_blocks, page_bytes], got {_describe(pages)}")
+    if type(block_size) is not int or block_size < 1:
+        raise ValueError(f"block_size: expected a positive int, got {block_size!r}")
+    if pages.shape[1] < need or pages.stride(1) != 1:
+        raise ValueError(f"pages: expected at least {need} contiguous bytes per page for block_size {block_size}, "
+                         f"got shape {tuple(pages.shape)} stride {tuple(pages.stride())}")
+    return pages.as_strided((pages.shape[0], block_size, V4_TOKEN_BYTES), (pages.stride(0), V4_TOKEN_BYTES, 1),
+                            pages.storage_offset())
+
+
 def quantize_fp8_ds_mla_v4(k: torch.Tensor) -> torch.Tensor:
     """Pack DeepSeek-V4 cache rows ``k [num_blocks, block_size, 512]`` (any float dtype; rounded to bfloat16 first,
     the writer's input) into uint8 pages ``[num_blocks, v4_page_bytes(block_size)]``, byte for byte as vLLM's
@@ -220,10 +258,12 @@ def quantize_fp8_ds_mla_v4(k: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_fp8_ds_mla_v4(pages: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split DeepSeek-V4 fp8 pages (uint8 ``[num_blocks, page_bytes]``, each page's bytes contiguous) into (e4m3 NoPE
-    values ``[num_blocks, block_size, 448]``, float32 scales ``[num_blocks, block_size, 7]``, bfloat16 RoPE values
-    ``[num_blocks, block_size, 64]``)."""
-    need = v4_page_bytes(block_size)
+    """Split DeepSeek-V4 fp8 pages (uint8 ``[num_blocks, page_bytes]``, each page's bytes contiguous; only the first
+    ``block_size · 584`` bytes of a page are read, its padding never) into (e4m3 NoPE values ``[num_blocks,
+    block_size, 448]``, float32 scales ``[num_blocks, block_size, 7]``, bfloat16 RoPE values ``[num_blocks,
+    block_size, 64]``)."""
+    v4_page_bytes(block_size)  # checks block_size
+    need = block_size * V4_TOKEN_BYTES
     if not isinstance(pages, torch.Tensor) or pages.dtype != torch.uint8 or pages.dim() != 2:
         raise ValueError(f"pages: expected uint8 [num_blocks, page_bytes], got {_describe(pages)}")
     if pages.shape[1] < need or pages.stride(1) != 1:
