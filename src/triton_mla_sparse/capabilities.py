@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .formats import D_ROPE, D_V, KV_FORMATS
+from .formats import ALL_KV_FORMATS, D_ROPE, D_V, FP8_DS_MLA_V4
 
 
 @dataclass(frozen=True)
@@ -140,12 +140,15 @@ def problem_reasons(*, q_dtype: torch.dtype = torch.bfloat16, kv_format: str = "
     reasons = []
     if q_dtype not in Q_DTYPES:
         reasons.append(f"q dtype {q_dtype} is not supported (float16 or bfloat16)")
-    if kv_format not in KV_FORMATS:
-        reasons.append(f"kv_format {kv_format!r} is not supported (one of {KV_FORMATS})")
+    if kv_format not in ALL_KV_FORMATS:
+        reasons.append(f"kv_format {kv_format!r} is not supported (one of {ALL_KV_FORMATS})")
     if d_v != D_V:
         reasons.append(f"D_v = {d_v} is not supported (only {D_V})")
     if d_rope not in D_ROPES:
         reasons.append(f"D_rope = {d_rope} is not supported (only {D_ROPE}, or 0 for NoPE)")
+    elif kv_format == FP8_DS_MLA_V4 and d_rope:
+        reasons.append(f"D_rope = {d_rope} with kv_format {FP8_DS_MLA_V4!r}: DeepSeek-V4's q is 512 wide, its RoPE part "
+                       f"the last 64 of them (D_rope 0)")
     if not 1 <= heads <= MAX_HEADS:
         reasons.append(f"{heads} heads are not supported (1 to {MAX_HEADS} per call)")
     if not 1 <= topk <= MAX_TOPK:

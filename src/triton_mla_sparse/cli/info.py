@@ -11,7 +11,7 @@ import torch
 
 from ..capabilities import ARCHS, D_ROPES, MAX_HEADS, MAX_TOPK, Q_DTYPES, arch_for_device, describe_device, \
     unsupported_reasons
-from ..formats import D_V, KV_FORMATS
+from ..formats import ALL_KV_FORMATS, D_V
 
 if TYPE_CHECKING:
     from ..ops.sparse_mla.configs import Launch
@@ -49,13 +49,15 @@ def run_info(arch_name: str | None = None) -> int:
         print(f"known limitation: {arch.spills}")
     q_dtypes = "/".join(str(d).removeprefix("torch.") for d in Q_DTYPES)
     d_ropes = " or ".join(str(d) for d in sorted(D_ROPES, reverse=True))
-    print(f"formats: {', '.join(KV_FORMATS)}; q {q_dtypes}; D_v {D_V}, D_rope {d_ropes}; heads 1..{MAX_HEADS}; "
+    print(f"formats: {', '.join(ALL_KV_FORMATS)}; q {q_dtypes}; D_v {D_V}, D_rope {d_ropes}; heads 1..{MAX_HEADS}; "
           f"top-k 1..{MAX_TOPK}; any block size")
     print("launch table (head class x cache class -> kernel family, block_h, block_n, warps, stages, programs/SM, "
           "variants; a Gluon family where it runs the class, else tl):")
     for hc in HEAD_CLASSES:
         cells = []
         for cc in CACHE_CLASSES:
+            if (hc, cc) not in TABLE[arch.name]:  # a class the target does not run (fp8_ds_mla_v4 on RDNA3)
+                continue
             launch = GLUON_TABLE.get(arch.name, {}).get((hc, cc))
             native = {"16bit": "bf16"}.get(cc, cc)
             if launch is None or not gluon_supported(launch.family, arch, native):

@@ -42,14 +42,16 @@ _EXTRA_INTS = ["stride_kv2_blk", "stride_kv2_row", "stride_idx2_t", "stride_idx2
                "num_slots2", "block_size2"]
 _DIV16_EXTRA = {"stride_kv2_blk", "stride_kv2_row", "stride_idx2_t", "block_size2"}
 
-MATRIX_FORMATS = {"16bit": ("bf16",), "fp8_e4m3": ("fp8_e4m3",), "fp8_ds_mla": ("fp8_ds_mla",)}
+MATRIX_FORMATS = {"16bit": ("bf16",), "fp8_e4m3": ("fp8_e4m3",), "fp8_ds_mla": ("fp8_ds_mla",),
+                  "fp8_ds_mla_v4": ("fp8_ds_mla_v4",)}
 
 
 def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split: bool, q_dtype: str = "bf16",
                       has_rope: bool = True, extra: bool = False) -> CompiledKernel:
     """Compile the attention kernel of ``cfg`` for ``arch`` (worst-case flags: topk_length and sink on; ``extra``:
-    the tl kernel with an extra cache and its lengths)."""
+    the tl kernel with an extra cache and its lengths; ``fp8_ds_mla_v4`` is built without a RoPE part, as it runs)."""
     fmt = K._FMT_CODES[kv_format]
+    has_rope = has_rope and fmt != K.FMT_FP8_V4
     kv_type = "*u8" if fmt != K.FMT_NATIVE else f"*{'fp16' if kv_format == 'fp16' else 'bf16'}"
     sig = {n: (f"*{q_dtype}" if t == "q" else kv_type if t == "kv" else t) for n, t in _PTR_TYPES.items()}
     sig.update({n: "i32" for n in _INTS})

@@ -17,8 +17,9 @@ from ..._common.runtime import check_kernel_device, device_guard
 from ..._common.validate import MAX_GRID, check_paged_strides, desc, dtype_names, fail
 from ...capabilities import (D_ROPES, MAX_HEADS, MAX_TOPK, Q_DTYPES, arch_for_device, describe_device,
                              unsupported_reasons)
-from ...formats import D_QK, D_ROPE, D_V, KV_FORMAT_DTYPES, KV_FORMATS, infer_kv_format, kv_row_width
-from .configs import choose_config, extra_cache_supported, gluon_supported
+from ...formats import (ALL_KV_FORMATS, D_QK, D_ROPE, D_V, FP8_DS_MLA_V4, KV_FORMAT_DTYPES, V4_TOKEN_BYTES,
+                        infer_kv_format, kv_row_width, v4_block_size, v4_page_bytes)
+from .configs import choose_config, extra_cache_supported, gluon_supported, v4_supported
 
 __all__ = ["AttentionProblem", "check_attention_inputs", "sparse_mla_attention", "sparse_mla_attention_with_config"]
 
@@ -33,7 +34,8 @@ class AttentionProblem:
 
     q_nope: torch.Tensor  # [T, H, 512], unit last stride
     q_pe: torch.Tensor | None  # [T, H, d_rope] or None when d_rope == 0
-    kv: torch.Tensor  # [num_blocks, block_size, row], unit last stride (uint8 view for fp8 formats)
+    kv: torch.Tensor  # [num_blocks, block_size, row], unit last stride (uint8 view for fp8 formats); fp8_ds_mla_v4:
+    # uint8 pages [num_blocks, block_size · 584] (each page's rows, then its footer), unit last stride
     kv_format: str
     indices: torch.Tensor  # int32 [T, topk]
     softmax_scale: float
@@ -108,6 +110,14 @@ def _check_q(q):
     return q[..., :D_V], (q[..., D_V:] if q.shape[2] > D_V else None)
 
 
+def _v4_hint(kv_cache):
+    """A pointer to kv_format 'fp8_ds_mla_v4' for a uint8 cache shaped like DeepSeek-V4's (else empty)."""
+    if kv_cache.dtype == torch.uint8 and ((kv_cache.dim() in (3, 4) and kv_cache.shape[-1] == V4_TOKEN_BYTES) or
+                                          (kv_cache.dim() == 2 and v4_block_size(kv_cache.shape[1]) is not None)):
+        return f"; a DeepSeek-V4 cache ({V4_TOKEN_BYTES} bytes per token) needs kv_format={FP8_DS_MLA_V4!r}"
+    return ""
+
+
 def _check_kv(kv_cache, kv_format, d_rope, device, arg="kv_cache"):
     if not isinstance(kv_cache, torch.Tensor):
         fail(arg, "a tensor [num_blocks, block_size, row] or [num_slots, row]", kv_cache)
@@ -115,12 +125,14 @@ def _check_kv(kv_cache, kv_format, d_rope, device, arg="kv_cache"):
         kv_format = infer_kv_format(kv_cache)
         if kv_format is None:
             fail(arg, "dtype bfloat16, float16, float8_e4m3fn or uint8 (fp8_ds_mla)", kv_cache)
-    elif kv_format not in KV_FORMATS:
-        fail("kv_format", f"one of {KV_FORMATS} or None", repr(kv_format))
+    elif kv_format not in ALL_KV_FORMATS:
+        fail("kv_format", f"one of {ALL_KV_FORMATS} or None", repr(kv_format))
     if kv_cache.dtype != KV_FORMAT_DTYPES[kv_format]:
         fail(arg, f"dtype {KV_FORMAT_DTYPES[kv_format]} for kv_format {kv_format!r}", kv_cache)
     if kv_cache.device != device:
         fail(arg, f"device {device} (the device of q)", kv_cache)
+    if kv_format == FP8_DS_MLA_V4:
+        return _check_kv_v4(kv_cache, d_rope, arg)
     row = kv_row_width(kv_format, d_rope)
     kv = kv_cache
     if kv.dim() == 4 and kv.shape[2] == 1:  # [num_blocks, block_size, 1, row] (FlashMLA's view)
@@ -130,7 +142,7 @@ def _check_kv(kv_cache, kv_format, d_rope, device, arg="kv_cache"):
     if kv.dim() != 3 or kv.shape[2] != row:
         unit = "bytes" if kv_format == "fp8_ds_mla" else "values"
         fail(arg, f"shape [num_blocks, block_size, {row}] or [num_slots, {row}] ({row} {unit} per row for "
-             f"kv_format {kv_format!r} and D_qk {D_V + d_rope})", kv_cache)
+             f"kv_format {kv_format!r} and D_qk {D_V + d_rope}){_v4_hint(kv_cache)}", kv_cache)
     nb, bs, _ = kv.shape
     if bs < 1:
         fail(arg, "a block size (dimension 1) of at least 1", kv_cache)
@@ -141,6 +153,49 @@ def _check_kv(kv_cache, kv_format, d_rope, device, arg="kv_cache"):
             fail(arg, "fp8_ds_mla rows aligned to 4 bytes (strides and start divisible by 4)",
                  f"strides {tuple(kv_cache.stride())}, start offset {kv.data_ptr() % 16} mod 16")
     return kv, kv_format, nb * bs, bs
+
+
+def _check_kv_v4(kv_cache, d_rope, arg):
+    """DeepSeek-V4 pages in one of the views vLLM and FlashMLA use: ``[num_blocks, block_size, 584]`` (vLLM's,
+    strides (page stride, 584, 1)), ``[num_blocks, block_size, 1, 584]`` (FlashMLA's) or ``[num_blocks, page_bytes]``
+    (the writer's; page_bytes = v4_page_bytes(block_size)). Returns the pages as uint8 ``[num_blocks, block_size ·
+    584]`` (the bytes read: rows and footer), the format, the slot count and the block size."""
+    if d_rope:
+        fail("q", f"D_qk {D_V} (q_nope [T, H, {D_V}] and no RoPE part) for kv_format {FP8_DS_MLA_V4!r} (DeepSeek-V4: "
+             f"the RoPE values are the last 64 of the 512)", f"a RoPE part of {d_rope}")
+    shapes = (f"uint8 [num_blocks, block_size, {V4_TOKEN_BYTES}] (vLLM's view), [num_blocks, block_size, 1, "
+              f"{V4_TOKEN_BYTES}] (FlashMLA's) or [num_blocks, page_bytes] with page_bytes = v4_page_bytes(block_size) "
+              f"(e.g. {v4_page_bytes(64)} for block size 64)")
+    kv = kv_cache
+    if kv.dim() == 4 and kv.shape[2] == 1:
+        kv = kv[:, :, 0]
+    if kv.dim() == 3 and kv.shape[2] == V4_TOKEN_BYTES:
+        nb, bs, _ = kv.shape
+        if bs < 1:
+            fail(arg, "a block size (dimension 1) of at least 1", kv_cache)
+        if kv.stride(2) != 1 or (bs > 1 and kv.stride(1) != V4_TOKEN_BYTES):
+            fail(arg, f"strides (page stride, {V4_TOKEN_BYTES}, 1) (a view of each page's contiguous bytes, as vLLM "
+                 f"holds it)", f"strides {tuple(kv_cache.stride())}")
+        block_stride = kv.stride(0)
+    elif kv.dim() == 2:
+        nb, width = kv.shape
+        bs = v4_block_size(width)
+        if bs is None:
+            fail(arg, f"{shapes}; {width} bytes is no block size's page", kv_cache)
+        if kv.stride(1) != 1:
+            fail(arg, "a unit stride in the last dimension", f"strides {tuple(kv_cache.stride())}")
+        block_stride = kv.stride(0)
+    else:
+        fail(arg, shapes, kv_cache)
+    used = bs * V4_TOKEN_BYTES
+    if nb > 1 and block_stride < used:
+        fail(arg, f"a page stride of at least block_size · {V4_TOKEN_BYTES} = {used} bytes (pages must not overlap)",
+             f"strides {tuple(kv_cache.stride())}")
+    if (nb > 1 and block_stride % 2) or kv.data_ptr() % 2:
+        fail(arg, "pages aligned to 2 bytes (page stride and start even: the RoPE values are bfloat16)",
+             f"strides {tuple(kv_cache.stride())}, start offset {kv.data_ptr() % 16} mod 16")
+    pages = kv.as_strided((nb, used), (block_stride if nb > 1 else used, 1), kv.storage_offset())
+    return pages, FP8_DS_MLA_V4, nb * bs, bs
 
 
 def _check_k_scale(k_scale, kv_format, device):
@@ -264,7 +319,9 @@ def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor
     """Sparse MLA attention with the Triton kernels.
 
     Same arguments, semantics and results as :func:`triton_mla_sparse.reference.sparse_mla_attention` (whose
-    docstring is the contract; an extra cache is taken on NVIDIA GPUs and under the interpreter): returns ``out [T, H, 512]`` in q's dtype (written into ``out=`` when given) and,
+    docstring is the contract; an extra cache is taken on NVIDIA GPUs and under the interpreter; ``fp8_ds_mla_v4``
+    pages are read by the tl kernel, on NVIDIA, CDNA and RDNA4 GPUs and under the interpreter): returns ``out [T, H,
+    512]`` in q's dtype (written into ``out=`` when given) and,
     with ``return_lse=True``, ``lse [T, H]`` float32 (natural log, -inf for a row with no valid index).
     The decode (split top-k) or prefill kernel is chosen from rows × heads against the GPU's multiprocessor count.
     Tensors must be on a CUDA device (or on the CPU with ``TRITON_INTERPRET=1`` set before triton is imported).
@@ -296,6 +353,10 @@ def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: 
     if dev.type == "cuda":
         arch = arch_for_device(dev)
         reasons = _unsupported(arch, p.dtype, p.kv_format, p.d_rope, p.H, p.topk, p.block_size, dev)
+        if not reasons and p.kv_format == FP8_DS_MLA_V4 and not v4_supported(arch):
+            fail("kv_format", f"a format other than {FP8_DS_MLA_V4!r} on {describe_device(dev)} (the kernel that reads "
+                 f"DeepSeek-V4 pages spills registers on {arch.name}; NVIDIA, CDNA and RDNA4 GPUs only for now)",
+                 repr(p.kv_format))
         if not reasons and p.kv2 is not None:
             if not extra_cache_supported(arch):
                 fail("extra_kv_cache", f"None on {describe_device(dev)} (the kernel that reads an extra cache spills "

@@ -51,7 +51,8 @@ class Launch:
 
 
 HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
-CACHE_CLASSES = ("16bit", "fp8_e4m3", "fp8_ds_mla")  # bf16/fp16 rows; the two fp8 row formats
+CACHE_CLASSES = ("16bit", "fp8_e4m3", "fp8_ds_mla", "fp8_ds_mla_v4")  # bf16/fp16 rows; the two fp8 row formats;
+# DeepSeek-V4's fp8 pages (the tl kernel's alone; where v4_supported holds)
 
 # Measured on the H200 (benchmarks/NOTES.md) for sm90; elsewhere the fastest-by-construction entry that the
 # compile matrix shows to fit the architecture's shared memory without spills (no hardware to time it on).
@@ -193,15 +194,28 @@ MAX_BLOCK_H = {"sm100": 32, "sm110": 32, **{a: 32 for a in ("gfx1100", "gfx1101"
 TABLE["sm89"] = TABLE["sm86"]
 TABLE["sm110"] = TABLE["sm100"]  # Thor: Blackwell with sm100's shared memory and tensor memory
 TABLE["sm120"] = TABLE["sm86"]
-for _rdna in ("gfx1101", "gfx1151", "gfx1200", "gfx1201"):
+for _rdna in ("gfx1101", "gfx1151"):
     TABLE[_rdna] = TABLE["gfx1100"]
+TABLE["gfx1200"] = dict(TABLE["gfx1100"])  # RDNA4: RDNA3's entries, and DeepSeek-V4 pages (below)
+TABLE["gfx1201"] = TABLE["gfx1200"]
+# DeepSeek-V4 pages (fp8_ds_mla_v4; the tl kernel's alone): the fp8_ds_mla entries' tiles with exact-value dots (no
+# f16_dot) and the full kernel (no low_reg: the V4 path has no low-register variant). On the ~99 KB targets (sm86,
+# sm89, sm120) one stage: two need 104 KB (16-head blocks) / 120 KB (32) of shared memory there. RDNA4's entry is
+# RDNA's 16-head, 16-row, 16-warp tile (248 VGPRs, no spills); RDNA3 (gfx1100, gfx1101, gfx1151) has none: that build
+# spills (~460 B of scratch) with triton 3.9, so v4_supported refuses the format there. Unmeasured (compile matrix
+# only): no V4 timings yet.
+for _name, _change in {"sm80": {}, "sm86": {"num_stages": 1}, "sm90": {}, "sm100": {}, "gfx942": {}, "gfx950": {},
+                       "gfx1200": {}}.items():
+    for _hc in HEAD_CLASSES:
+        TABLE[_name][(_hc, "fp8_ds_mla_v4")] = replace(TABLE[_name][(_hc, "fp8_ds_mla")], f16_dot=False,
+                                                       low_reg=False, **_change)
 # Interpreter (CPU): small tiles so tests cover several steps and splits quickly.
 _INTERPRETER = Launch(16, 16, 4, 1, 1)
 
 
 def cache_class(kv_format: str) -> str:
     """The cache class of a format in :data:`TABLE`: ``"16bit"`` for bf16/fp16 rows."""
-    return kv_format if kv_format in ("fp8_e4m3", "fp8_ds_mla") else "16bit"
+    return kv_format if kv_format in ("fp8_e4m3", "fp8_ds_mla", "fp8_ds_mla_v4") else "16bit"
 
 
 def use_sw_fp8(arch: Arch, kv_format: str) -> bool:
@@ -290,6 +304,13 @@ def gluon_supported(family: str, arch: Arch | None, kv_format: str, q_dtype: tor
 def pdl_supported(arch: Arch | None) -> bool:
     """``griddepcontrol`` (programmatic dependent launch) exists on the target: NVIDIA from sm90 on, compiled."""
     return arch is not None and not interpreting() and arch.backend == "cuda" and int(arch.target) >= 90
+
+
+def v4_supported(arch: Arch | None) -> bool:
+    """The tl kernel reads DeepSeek-V4 pages (kv_format ``fp8_ds_mla_v4``) on ``arch``: where :data:`TABLE` has
+    entries for them (and None: the interpreter). RDNA3 has none: its build spills registers (the compile matrix),
+    so the API refuses the format there."""
+    return arch is None or (16, "fp8_ds_mla_v4") in TABLE.get(arch.name, {})
 
 
 def extra_cache_supported(arch: Arch | None) -> bool:
@@ -384,6 +405,9 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
         where = "sm90" if family in HOPPER_FAMILIES else "an NVIDIA GPU from sm80 on"
         raise ValueError(f"family: the {family} kernel needs {where} and a bf16/fp16 cache read as stored or "
                          f"fp8_ds_mla with bf16 q; got {arch.name if arch else 'no GPU'}, {kv_format}, q {q_dtype}")
+    if key[1] == "fp8_ds_mla_v4" and not interpreting() and not v4_supported(arch):
+        raise ValueError(f"kv_format: 'fp8_ds_mla_v4' is not built for {arch.name} (its build spills registers there: "
+                         f"the compile matrix), got {kv_format!r}")
     if arch is None or interpreting():
         launch = replace(_INTERPRETER, block_h=min(64, max(16, _next_pow2(H))))
         sw_fp8 = False
@@ -439,6 +463,8 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
         # a program's range starts on a tile boundary: tiles never straddle two programs (or the two lists of an
         # extra cache)
         raise ValueError(f"split_len: expected a positive multiple of block_n ({cfg.block_n}), got {cfg.split_len!r}")
+    if cfg.low_reg and key[1] == "fp8_ds_mla_v4":
+        raise ValueError("low_reg: the tl kernel reads fp8_ds_mla_v4 pages with its full variant only, got True")
     if cfg.pdl and not pdl_supported(arch):
         raise ValueError(f"pdl: programmatic dependent launch needs an NVIDIA GPU from sm90 on (not the interpreter), "
                          f"got {arch.name if arch else 'no GPU'}")

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 FMT_NATIVE = 0  # bf16 / fp16 rows, loaded as stored
 FMT_FP8 = 1  # float8_e4m3fn rows (passed as uint8), one per-tensor scale
 FMT_FP8_DS_MLA = 2  # 656-byte rows: 512 e4m3 + 4 float32 tile scales + 64 bf16 rope
+FMT_FP8_V4 = 3  # DeepSeek-V4 pages: rows of 448 e4m3 + 64 bf16, then a footer of 7 UE8M0 exponents per row
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -59,6 +60,49 @@ def _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, o_k, n_end, num_slots, block
     i_off = b_idx - i_blk * block_size
     p_row = kv_ptr + i_blk.to(tl.int64) * stride_kv_blk + i_off.to(tl.int64) * stride_kv_row
     return p_row, m_n
+
+
+@triton.jit
+def _rows_v4(idx_ptr, i_t, stride_idx_t, stride_idx_k, o_k, n_end, num_slots, block_size, kv_ptr, stride_kv_blk):
+    """:func:`_rows` for DeepSeek-V4 pages: pointers [BLOCK_N] to the entries' 576-byte rows (at 576 · offset in
+    their page) and to their 8 footer bytes (at 576 · block_size + 8 · offset), and the entries' validity; invalid
+    entries point at slot 0 and are masked everywhere."""
+    m_k = o_k < n_end
+    b_idx = tl.load(idx_ptr + i_t * stride_idx_t + o_k.to(tl.int64) * stride_idx_k, mask=m_k, other=-1)
+    m_n = m_k & (b_idx >= 0) & (b_idx < num_slots)
+    b_idx = tl.where(m_n, b_idx, 0)
+    i_blk = b_idx // block_size
+    i_off = b_idx - i_blk * block_size
+    p_page = kv_ptr + i_blk.to(tl.int64) * stride_kv_blk
+    p_row = p_page + i_off.to(tl.int64) * 576
+    p_foot = p_page + (block_size.to(tl.int64) * 576 + i_off.to(tl.int64) * 8)
+    return p_row, p_foot, m_n
+
+
+@triton.jit
+def _ue8m0(p_foot, m_n, G: tl.constexpr):
+    """float32 scale 2^(byte - 127) of NoPE group G (64 values) of the rows [BLOCK_N], exact: the byte as a float32
+    exponent (byte 0: 2^-127, a subnormal; 255: inf, as the float32 reference computes it)."""
+    b_e = tl.load(p_foot + G, mask=m_n, other=127).to(tl.int32)
+    return tl.where(b_e > 0, b_e << 23, 0x400000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _v4_chunk(p_row, p_foot, o_c, m_n, C: tl.constexpr, SW_FP8: tl.constexpr, dt: tl.constexpr):
+    """Columns [128·C, 128·C + 128) of DeepSeek-V4 rows as real values in ``dt`` (0 for invalid rows): e4m3 bytes
+    times their group's scale; chunk 3 is NoPE group 6 (columns 384–447) and the 64 bf16 RoPE values."""
+    m_lo = (o_c < 64)[None, :]
+    if C < 3:
+        b_raw = tl.load(p_row[:, None] + (C * 128 + o_c)[None, :], mask=m_n[:, None], other=0)
+        b_sc = tl.where(m_lo, _ue8m0(p_foot, m_n, 2 * C)[:, None], _ue8m0(p_foot, m_n, 2 * C + 1)[:, None])
+        b_k = _e4m3_to_f32(b_raw, SW_FP8) * b_sc
+    else:
+        o_g = o_c % 64
+        b_raw = tl.load(p_row[:, None] + (384 + o_g)[None, :], mask=m_n[:, None] & m_lo, other=0)
+        p_rope = (p_row + 448).to(tl.pointer_type(tl.bfloat16))
+        b_rope = tl.load(p_rope[:, None] + o_g[None, :], mask=m_n[:, None] & ~m_lo, other=0.0)
+        b_k = tl.where(m_lo, _e4m3_to_f32(b_raw, SW_FP8) * _ue8m0(p_foot, m_n, 6)[:, None], b_rope.to(tl.float32))
+    return b_k.to(dt)
 
 
 @triton.jit
@@ -315,64 +359,79 @@ def _sparse_mla_fwd_kernel(
         if SW_FP8:
             sw_factor = 256.0  # the integer decode's float16 is the value / 256
     for n0 in range(n_start, n_end, BLOCK_N):
-        if HAS_EXTRA and n0 >= n_pad:
-            p_row, m_n = _rows(idx2_ptr, i_t, stride_idx2_t, stride_idx2_k, n0 - n_pad + o_n, n_end - n_pad,
-                               num_slots2, block_size2, kv2_ptr, stride_kv2_blk, stride_kv2_row)
-        else:
-            p_row, m_n = _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, n0 + o_n, tl.minimum(n_end, n_row),
-                               num_slots, block_size, kv_ptr, stride_kv_blk, stride_kv_row)
-        if HAS_ROPE:
-            b_kr = _dequant_rope(_gather_rope(p_row, o_r, m_n, FMT), FMT, CONVERT, SW_FP8, dt)
-        else:
-            b_kr = b_qr  # unused: NoPE rows end after the latent and must not be read past it
-        if LOW_REG:
-            QK_W: tl.constexpr = 64  # score columns per dot: half a latent chunk, for the registers
-            keep = (tl.zeros([1], dtype=tl.int32) + n0) >= n_start  # always true; [1] so masks broadcast
-            b_s = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
-            if F16_DOT:
-                for c in tl.static_range(0, 512 // QK_W):
-                    b_s = _qk_chunk_f16(p_q, p_row, m_h, m_n, keep, b_s, b_qinv, sw_factor, c, QK_W, FMT, SW_FP8)
-                b_s = b_s * b_qmax[:, None]
-            else:
-                for c in tl.static_range(0, 512 // QK_W):
-                    b_s = _qk_chunk(p_q, p_row, m_h, m_n, keep, b_s, c, QK_W, FMT, CONVERT, SW_FP8, dt)
-            if HAS_ROPE:
-                b_qrl = tl.load(p_qr, mask=m_h[:, None] & keep[None, :], other=0.0)
-                b_s = tl.dot(b_qrl, tl.trans(b_kr), b_s)
-            b_m, b_l, b_p, b_alpha = _softmax_step(b_s, m_n, b_m, b_l, qk_scale)
-            if F16_DOT:
-                b_a0 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a0, b_alpha, sw_factor, 0, FMT, SW_FP8)
-                b_a1 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a1, b_alpha, sw_factor, 1, FMT, SW_FP8)
-                b_a2 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a2, b_alpha, sw_factor, 2, FMT, SW_FP8)
-                b_a3 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a3, b_alpha, sw_factor, 3, FMT, SW_FP8)
-            else:
-                b_pc = b_p.to(dt)
-                b_a0 = _pv_chunk(b_pc, p_row, o_c, m_n, b_a0, b_alpha, 0, FMT, CONVERT, SW_FP8, dt)
-                b_a1 = _pv_chunk(b_pc, p_row, o_c, m_n, b_a1, b_alpha, 1, FMT, CONVERT, SW_FP8, dt)
-                b_a2 = _pv_chunk(b_pc, p_row, o_c, m_n, b_a2, b_alpha, 2, FMT, CONVERT, SW_FP8, dt)
-                b_a3 = _pv_chunk(b_pc, p_row, o_c, m_n, b_a3, b_alpha, 3, FMT, CONVERT, SW_FP8, dt)
-        elif F16_DOT:
-            b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _attend_f16(
-                b_h0, b_h1, b_h2, b_h3, b_qr, b_qmax,
-                _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, 0), SW_FP8),
-                _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, 1), SW_FP8),
-                _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, 2), SW_FP8),
-                _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, 3), SW_FP8),
-                _gather_scale(p_row, m_n, 0, FMT) * sw_factor, _gather_scale(p_row, m_n, 1, FMT) * sw_factor,
-                _gather_scale(p_row, m_n, 2, FMT) * sw_factor, _gather_scale(p_row, m_n, 3, FMT) * sw_factor,
-                b_kr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE)
-        else:
+        if FMT == 3:  # DeepSeek-V4 pages: 512-wide rows (the RoPE values their last 64), V the whole row
+            # the tile's list (main or extra) chosen as scalars, so that one gather serves both
+            c_idx, c_st, c_sk, c_k0, c_end = idx_ptr, stride_idx_t, stride_idx_k, n0, tl.minimum(n_end, n_row)
+            c_ns, c_bs, c_kv, c_kb = num_slots, block_size, kv_ptr, stride_kv_blk
+            if HAS_EXTRA:
+                if n0 >= n_pad:
+                    c_idx, c_st, c_sk, c_k0, c_end = idx2_ptr, stride_idx2_t, stride_idx2_k, n0 - n_pad, n_end - n_pad
+                    c_ns, c_bs, c_kv, c_kb = num_slots2, block_size2, kv2_ptr, stride_kv2_blk
+            p_row, p_foot, m_n = _rows_v4(c_idx, i_t, c_st, c_sk, c_k0 + o_n, c_end, c_ns, c_bs, c_kv, c_kb)
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _attend(
                 b_q0, b_q1, b_q2, b_q3, b_qr,
-                _dequant(_gather_chunk(p_row, o_c, m_n, 0), _gather_scale(p_row, m_n, 0, FMT), FMT, CONVERT, SW_FP8,
-                         dt),
-                _dequant(_gather_chunk(p_row, o_c, m_n, 1), _gather_scale(p_row, m_n, 1, FMT), FMT, CONVERT, SW_FP8,
-                         dt),
-                _dequant(_gather_chunk(p_row, o_c, m_n, 2), _gather_scale(p_row, m_n, 2, FMT), FMT, CONVERT, SW_FP8,
-                         dt),
-                _dequant(_gather_chunk(p_row, o_c, m_n, 3), _gather_scale(p_row, m_n, 3, FMT), FMT, CONVERT, SW_FP8,
-                         dt),
-                b_kr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE, dt)
+                _v4_chunk(p_row, p_foot, o_c, m_n, 0, SW_FP8, dt), _v4_chunk(p_row, p_foot, o_c, m_n, 1, SW_FP8, dt),
+                _v4_chunk(p_row, p_foot, o_c, m_n, 2, SW_FP8, dt), _v4_chunk(p_row, p_foot, o_c, m_n, 3, SW_FP8, dt),
+                b_qr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, False, dt)
+        else:
+            if HAS_EXTRA and n0 >= n_pad:
+                p_row, m_n = _rows(idx2_ptr, i_t, stride_idx2_t, stride_idx2_k, n0 - n_pad + o_n, n_end - n_pad,
+                                   num_slots2, block_size2, kv2_ptr, stride_kv2_blk, stride_kv2_row)
+            else:
+                p_row, m_n = _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, n0 + o_n, tl.minimum(n_end, n_row),
+                                   num_slots, block_size, kv_ptr, stride_kv_blk, stride_kv_row)
+            if HAS_ROPE:
+                b_kr = _dequant_rope(_gather_rope(p_row, o_r, m_n, FMT), FMT, CONVERT, SW_FP8, dt)
+            else:
+                b_kr = b_qr  # unused: NoPE rows end after the latent and must not be read past it
+            if LOW_REG:
+                QK_W: tl.constexpr = 64  # score columns per dot: half a latent chunk, for the registers
+                keep = (tl.zeros([1], dtype=tl.int32) + n0) >= n_start  # always true; [1] so masks broadcast
+                b_s = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
+                if F16_DOT:
+                    for c in tl.static_range(0, 512 // QK_W):
+                        b_s = _qk_chunk_f16(p_q, p_row, m_h, m_n, keep, b_s, b_qinv, sw_factor, c, QK_W, FMT, SW_FP8)
+                    b_s = b_s * b_qmax[:, None]
+                else:
+                    for c in tl.static_range(0, 512 // QK_W):
+                        b_s = _qk_chunk(p_q, p_row, m_h, m_n, keep, b_s, c, QK_W, FMT, CONVERT, SW_FP8, dt)
+                if HAS_ROPE:
+                    b_qrl = tl.load(p_qr, mask=m_h[:, None] & keep[None, :], other=0.0)
+                    b_s = tl.dot(b_qrl, tl.trans(b_kr), b_s)
+                b_m, b_l, b_p, b_alpha = _softmax_step(b_s, m_n, b_m, b_l, qk_scale)
+                if F16_DOT:
+                    b_a0 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a0, b_alpha, sw_factor, 0, FMT, SW_FP8)
+                    b_a1 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a1, b_alpha, sw_factor, 1, FMT, SW_FP8)
+                    b_a2 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a2, b_alpha, sw_factor, 2, FMT, SW_FP8)
+                    b_a3 = _pv_chunk_f16(b_p, p_row, o_c, m_n, b_a3, b_alpha, sw_factor, 3, FMT, SW_FP8)
+                else:
+                    b_pc = b_p.to(dt)
+                    b_a0 = _pv_chunk(b_pc, p_row, o_c, m_n, b_a0, b_alpha, 0, FMT, CONVERT, SW_FP8, dt)
+                    b_a1 = _pv_chunk(b_pc, p_row, o_c, m_n, b_a1, b_alpha, 1, FMT, CONVERT, SW_FP8, dt)
+                    b_a2 = _pv_chunk(b_pc, p_row, o_c, m_n, b_a2, b_alpha, 2, FMT, CONVERT, SW_FP8, dt)
+                    b_a3 = _pv_chunk(b_pc, p_row, o_c, m_n, b_a3, b_alpha, 3, FMT, CONVERT, SW_FP8, dt)
+            elif F16_DOT:
+                b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _attend_f16(
+                    b_h0, b_h1, b_h2, b_h3, b_qr, b_qmax,
+                    _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, 0), SW_FP8),
+                    _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, 1), SW_FP8),
+                    _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, 2), SW_FP8),
+                    _e4m3_to_f16(_gather_chunk(p_row, o_c, m_n, 3), SW_FP8),
+                    _gather_scale(p_row, m_n, 0, FMT) * sw_factor, _gather_scale(p_row, m_n, 1, FMT) * sw_factor,
+                    _gather_scale(p_row, m_n, 2, FMT) * sw_factor, _gather_scale(p_row, m_n, 3, FMT) * sw_factor,
+                    b_kr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE)
+            else:
+                b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _attend(
+                    b_q0, b_q1, b_q2, b_q3, b_qr,
+                    _dequant(_gather_chunk(p_row, o_c, m_n, 0), _gather_scale(p_row, m_n, 0, FMT), FMT, CONVERT, SW_FP8,
+                             dt),
+                    _dequant(_gather_chunk(p_row, o_c, m_n, 1), _gather_scale(p_row, m_n, 1, FMT), FMT, CONVERT, SW_FP8,
+                             dt),
+                    _dequant(_gather_chunk(p_row, o_c, m_n, 2), _gather_scale(p_row, m_n, 2, FMT), FMT, CONVERT, SW_FP8,
+                             dt),
+                    _dequant(_gather_chunk(p_row, o_c, m_n, 3), _gather_scale(p_row, m_n, 3, FMT), FMT, CONVERT, SW_FP8,
+                             dt),
+                    b_kr, m_n, b_m, b_l, b_a0, b_a1, b_a2, b_a3, qk_scale, HAS_ROPE, dt)
 
     if PDL:  # the combine kernel may start (and wait for this grid) once every program has left its loop
         gdc_launch_dependents()
@@ -449,7 +508,15 @@ def _combine_kernel(
 _launch_fwd = CachedLauncher(_sparse_mla_fwd_kernel)
 _launch_combine = CachedLauncher(_combine_kernel)
 
-_FMT_CODES = {"bf16": FMT_NATIVE, "fp16": FMT_NATIVE, "fp8_e4m3": FMT_FP8, "fp8_ds_mla": FMT_FP8_DS_MLA}
+_FMT_CODES = {"bf16": FMT_NATIVE, "fp16": FMT_NATIVE, "fp8_e4m3": FMT_FP8, "fp8_ds_mla": FMT_FP8_DS_MLA,
+              "fp8_ds_mla_v4": FMT_FP8_V4}
+V4_ROW_STRIDE = 576  # bytes between the rows of a DeepSeek-V4 page (formats.V4_ROW_BYTES)
+
+
+def _row_stride(kv: torch.Tensor, fmt: int) -> int:
+    """The stride between a block's rows as the kernel takes it: a DeepSeek-V4 page ([num_blocks, block_size ·
+    584] bytes) has its rows 576 bytes apart (the kernel reads the footer through the block size)."""
+    return V4_ROW_STRIDE if fmt == FMT_FP8_V4 else kv.stride(1)
 
 
 def _rows_16b_aligned(kv: torch.Tensor) -> bool:
@@ -546,7 +613,7 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
         opts["maxnreg"] = cfg.max_registers
     args = (q_nope, q_pe, kv, p.indices, topk_len, sink, k_scale_t)
     qstrides = (q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
-                kv.stride(0), kv.stride(1), p.indices.stride(0), p.indices.stride(1), topk_len.stride(0),
+                kv.stride(0), _row_stride(kv, fmt), p.indices.stride(0), p.indices.stride(1), topk_len.stride(0),
                 sink.stride(0))
     sizes = (T, H, p.topk, p.num_slots, p.block_size)
     scales = (p.softmax_scale * LOG2E, k_scale_f)
@@ -557,7 +624,7 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
         else:
             kv2 = p.kv2.view(torch.uint8) if p.kv_format == "fp8_e4m3" else p.kv2
             tl2 = p.topk_length2 if p.topk_length2 is not None else p.indices2
-            extra = (kv2, p.indices2, tl2, kv2.stride(0), kv2.stride(1), p.indices2.stride(0),
+            extra = (kv2, p.indices2, tl2, kv2.stride(0), _row_stride(kv2, fmt), p.indices2.stride(0),
                      p.indices2.stride(1), tl2.stride(0), p.topk2, p.num_slots2, p.block_size2)
     elif p.kv2 is not None:
         raise ValueError(f"family: the extra cache is read by the tl kernel only, got {cfg.family!r}")

@@ -10,15 +10,21 @@ import math
 
 import torch
 
-from ...formats import D_V, dequantize_fp8_ds_mla_float
+from ...formats import (D_V, FP8_DS_MLA_V4, V4_FOOTER_BYTES, V4_ROW_BYTES, V4_TOKEN_BYTES, dequantize_fp8_ds_mla_float,
+                        dequantize_fp8_ds_mla_v4)
 from .api import AttentionProblem, Query, check_attention_inputs
 
 __all__ = ["dequantize_rows", "sparse_mla_attention"]
 
 
 def dequantize_rows(p: AttentionProblem, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Real values ``[..., 512 + d_rope]`` of raw cache rows of ``p``'s format (``rows`` as stored)."""
+    """Real values ``[..., 512 + d_rope]`` of raw cache rows of ``p``'s format (``rows`` as stored; for
+    ``fp8_ds_mla_v4`` a token's 584-byte record: its 576-byte row, then its 8 footer bytes, read as a page of one
+    token by :func:`~triton_mla_sparse.formats.dequantize_fp8_ds_mla_v4`)."""
     d_qk = D_V + p.d_rope
+    if p.kv_format == FP8_DS_MLA_V4:
+        records = rows.reshape(-1, V4_TOKEN_BYTES)
+        return dequantize_fp8_ds_mla_v4(records, 1, dtype).reshape(*rows.shape[:-1], D_V)
     if p.kv_format == "fp8_ds_mla":
         return dequantize_fp8_ds_mla_float(rows, dtype)[..., :d_qk]
     vals = rows.to(dtype)
@@ -42,8 +48,18 @@ def _slots(kv: torch.Tensor, indices: torch.Tensor, topk_length: torch.Tensor | 
     return kv, valid, safe // block_size, safe % block_size
 
 
-def _gather(kv: torch.Tensor, blk: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
-    """Rows ``kv[blk, off]`` as stored (zeros from an empty cache: every entry is then invalid)."""
+def _gather(kv: torch.Tensor, blk: torch.Tensor, off: torch.Tensor, v4_block_size: int = 0) -> torch.Tensor:
+    """Rows ``kv[blk, off]`` as stored (zeros from an empty cache: every entry is then invalid). DeepSeek-V4 pages
+    (``v4_block_size`` > 0, kv uint8 ``[num_blocks, block_size · 584]``): each token's 584-byte record, its row (576
+    bytes at 576 · offset) then its footer bytes (8 at 576 · block_size + 8 · offset)."""
+    if v4_block_size:
+        if kv.shape[0] == 0:
+            return kv.new_zeros(*blk.shape, V4_TOKEN_BYTES)
+        b = blk[..., None]
+        row = kv[b, off[..., None] * V4_ROW_BYTES + torch.arange(V4_ROW_BYTES, device=kv.device)]
+        foot = kv[b, v4_block_size * V4_ROW_BYTES + off[..., None] * V4_FOOTER_BYTES +
+                  torch.arange(V4_FOOTER_BYTES, device=kv.device)]
+        return torch.cat([row, foot], dim=-1)
     if kv.shape[0] * kv.shape[1] == 0:
         return kv.new_zeros(*blk.shape, kv.shape[2])
     return kv[blk, off]
@@ -68,6 +84,13 @@ def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor
                     ``"bf16"``/``"fp16"`` rows of D_qk values; ``"fp8_e4m3"`` float8_e4m3fn rows of D_qk values,
                     real value = stored · ``k_scale``; ``"fp8_ds_mla"`` uint8 rows of 656 bytes (with D_qk = 512
                     the RoPE bytes are not read). ``kv_format=None`` infers the format from the dtype.
+                    ``"fp8_ds_mla_v4"`` (DeepSeek-V4, never inferred: name it): uint8 pages of ``block_size`` rows
+                    of 576 bytes (448 e4m3 NoPE values, 64 bfloat16 RoPE values) then ``block_size`` × 8 footer
+                    bytes (7 UE8M0 exponents, scale 2^(byte − 127) per 64 NoPE values), as vLLM holds them
+                    (``[num_blocks, block_size, 584]``, strides (page stride >= block_size · 584, 584, 1)), as
+                    FlashMLA takes them (``[num_blocks, block_size, 1, 584]``) or as the writer sees them
+                    (``[num_blocks, v4_page_bytes(block_size)]``). K = the 512 real values (e4m3 · scale, then the
+                    RoPE values), V = K; q must be 512 wide (no RoPE part).
       indices       int32 ``[T, topk]`` (or ``[T, 1, topk]``), global slot ids ``block · block_size + offset``.
                     A value < 0 or >= num_slots (= num_blocks · block_size) means "no token": it is skipped and its
                     row is never read. Any topk >= 1. A slot listed twice counts twice.
@@ -90,7 +113,8 @@ def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor
     Result, per row t and head h, over the valid entries j of row t (after topk_length; with an extra cache, those
     of both lists, each entry's row read from its own cache):
       ``s_j = softmax_scale · <q[t,h], K[I[t,j]]>``, ``lse = ln Σ_j exp(s_j)`` (natural log),
-      ``out[t,h] = Σ_j exp(s_j - lse) · K[I[t,j]][:512]`` (V is the latent part of the same row).
+      ``out[t,h] = Σ_j exp(s_j - lse) · K[I[t,j]][:512]`` (V is the latent part of the same row; the whole row
+      for 512-wide rows, e.g. ``fp8_ds_mla_v4``).
       A row with no valid entry gives ``out = 0`` and ``lse = -inf`` (vLLM's merge convention; FlashMLA returns
       +inf there).
 
@@ -107,10 +131,11 @@ def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor
     T, H = p.T, p.H
     dev = p.device
     q_full = p.q_nope.to(cd) if p.q_pe is None else torch.cat([p.q_nope.to(cd), p.q_pe.to(cd)], dim=-1)
-    lists = [_slots(p.kv, p.indices, p.topk_length, p.num_slots, p.block_size)]
+    v4 = p.kv_format == FP8_DS_MLA_V4
+    lists = [(*_slots(p.kv, p.indices, p.topk_length, p.num_slots, p.block_size), p.block_size * v4)]
     if p.kv2 is not None:
-        lists.append(_slots(p.kv2, p.indices2, p.topk_length2, p.num_slots2, p.block_size2))
-    valid = torch.cat([v for _, v, _, _ in lists], dim=1)
+        lists.append((*_slots(p.kv2, p.indices2, p.topk_length2, p.num_slots2, p.block_size2), p.block_size2 * v4))
+    valid = torch.cat([v for _, v, _, _, _ in lists], dim=1)
     n_all = valid.shape[1]
 
     res = torch.empty(T, H, D_V, dtype=cd, device=dev)
@@ -119,7 +144,8 @@ def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor
     chunk = max(1, (1 << 26) // max(1, n_all * q_full.shape[-1]))
     for t0 in range(0, T, chunk):
         sl = slice(t0, min(T, t0 + chunk))
-        raw = torch.cat([_gather(kv, blk[sl], off[sl]) for kv, _, blk, off in lists], dim=1)  # [t, n, row] as stored
+        raw = torch.cat([_gather(kv, blk[sl], off[sl], v4_bs) for kv, _, blk, off, v4_bs in lists],
+                        dim=1)  # [t, n, row] as stored
         k = dequantize_rows(p, raw, cd)  # [t, n, D_qk]
         k = k.masked_fill(~valid[sl, :, None], 0.0)  # invalid entries read slot 0: never let its values leak
         s = torch.einsum("thd,tkd->thk", q_full[sl], k) * p.softmax_scale
