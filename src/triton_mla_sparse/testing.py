@@ -1,9 +1,11 @@
 """Test fixtures shared by the tests, the benchmark, ``check`` and ``demo``: one copy of each.
 
-* paged layouts: :func:`random_block_table`, :func:`place` (the cache tensor layouts the API accepts);
+* paged layouts: :func:`random_block_table`, :func:`place` (the cache tensor layouts the API accepts),
+  :func:`place_v4` (DeepSeek-V4 pages in the views vLLM, FlashMLA and the writer use);
 * slot lists: :func:`random_topk_positions` (distinct, optionally causal), turned into slots by
   :func:`triton_mla_sparse.topk_to_slots`;
-* cache encoders: :func:`encode_cache` for every attention format, :func:`triton_mla_sparse.formats.
+* cache encoders: :func:`encode_cache` for every attention format (:func:`v4_values` gives DeepSeek-V4 rows whose
+  scale groups differ), :func:`triton_mla_sparse.formats.
   quantize_indexer_cache` for vLLM's fp8 indexer cache and :func:`quantize_indexer_q` for its e4m3 queries;
 * whole problems: :func:`sparse_mla_inputs` (paged decode or prefill attention) and :func:`indexer_inputs`;
 * comparisons: :func:`rel_err` and :func:`assert_close` (identical inf/NaN positions first), :func:`nan_filled`
@@ -19,15 +21,17 @@ from dataclasses import dataclass
 
 import torch
 
-from .formats import (D_INDEX, D_QK, D_ROPE, D_V, FP8_DS_MLA_ROPE_OFFSET, FP8_DS_MLA_TILE, FP8_E4M3_MAX,
-                      INDEXER_ROW_BYTES, KV_FORMAT_DTYPES, KV_FORMATS, kv_row_width, quantize_fp8_ds_mla,
-                      quantize_indexer_cache)
+from .formats import (ALL_KV_FORMATS, D_INDEX, D_QK, D_ROPE, D_V, D_V4, FP8_DS_MLA_ROPE_OFFSET, FP8_DS_MLA_TILE,
+                      FP8_DS_MLA_V4, FP8_E4M3_MAX, INDEXER_ROW_BYTES, KV_FORMAT_DTYPES, V4_NOPE, V4_QUANT_BLOCK,
+                      V4_TOKEN_BYTES, kv_row_width, quantize_fp8_ds_mla, quantize_fp8_ds_mla_v4, quantize_indexer_cache,
+                      v4_token_view)
 
 __all__ = [
     "OUTPUT_TOLERANCE",
     "DSV32_SOFTMAX_SCALE",
     "GLM5_SOFTMAX_SCALE",
     "LAYOUTS",
+    "V4_LAYOUTS",
     "IndexerInputs",
     "SparseMLAInputs",
     "assert_close",
@@ -36,6 +40,7 @@ __all__ = [
     "kv_values",
     "nan_filled",
     "place",
+    "place_v4",
     "quantize_indexer_q",
     "random_block_table",
     "random_topk_positions",
@@ -43,6 +48,7 @@ __all__ = [
     "sparse_mla_inputs",
     "sparse_mla_unique_bytes",
     "take_rows",
+    "v4_values",
 ]
 
 # Relative L2 error an attention output in q's dtype may have against the float32 reference (check, demo).
@@ -50,6 +56,7 @@ OUTPUT_TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
 GLM5_SOFTMAX_SCALE = 256 ** -0.5  # GLM-5: softmax scale of its 256-wide qk heads before absorption
 DSV32_SOFTMAX_SCALE = 192 ** -0.5  # DeepSeek-V3.2: 192-wide qk heads
 TILE_GAIN = (1.0, 0.25, 2.0, 0.5)  # magnitude of each 128-wide latent tile: a wrong fp8_ds_mla tile scale shows
+V4_GROUP_GAIN = (1.0, 0.25, 4.0, 0.5, 2.0, 0.125, 8.0)  # each 64-value NoPE group of a V4 row: a wrong scale shows
 
 
 # ----------------------------------------------------------------------------------------------- paged layouts
@@ -103,6 +110,34 @@ def place(stored: torch.Tensor, layout: str) -> torch.Tensor:
     raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
 
 
+V4_LAYOUTS = ("vllm", "flashmla", "pages", "padded")
+
+
+def place_v4(pages: torch.Tensor, block_size: int, layout: str) -> torch.Tensor:
+    """DeepSeek-V4 pages (uint8 ``[nb, v4_page_bytes(block_size)]``, :func:`~triton_mla_sparse.formats.
+    quantize_fp8_ds_mla_v4`) as a cache tensor of the given layout, on pages' device; slot ids are the same in all.
+
+    "pages" ``[nb, page_bytes]`` contiguous (the writer's view); "vllm" ``[nb, block_size, 584]`` (the view vLLM
+    holds, :func:`~triton_mla_sparse.formats.v4_token_view`); "flashmla" ``[nb, block_size, 1, 584]`` (what vLLM
+    hands FlashMLA); "padded": the vLLM view over a buffer of all-0xFF bytes (NaN in e4m3 and bfloat16, an infinite
+    scale in a footer) with a spare leading page and two spare rows' worth of bytes after each page, the page's own
+    padding 0xFF too: only each page's first ``block_size · 584`` bytes hold data, so a read of anything else shows.
+    """
+    nb, width = pages.shape
+    if layout == "pages":
+        return pages.contiguous()
+    if layout == "vllm":
+        return v4_token_view(pages.contiguous(), block_size)
+    if layout == "flashmla":
+        return v4_token_view(pages.contiguous(), block_size).unsqueeze(2)
+    if layout == "padded":
+        used = block_size * V4_TOKEN_BYTES
+        buf = torch.full((nb + 1, width + 2 * 576), 0xFF, dtype=torch.uint8, device=pages.device)[1:]
+        buf[:, :used] = pages[:, :used]
+        return v4_token_view(buf, block_size)
+    raise ValueError(f"layout: expected one of {V4_LAYOUTS}, got {layout!r}")
+
+
 # ----------------------------------------------------------------------------------------------- slot lists
 
 def random_topk_positions(rows: int, ctx: int, topk: int, device: torch.device | str, *,
@@ -138,6 +173,17 @@ def kv_values(n: int, d_qk: int = D_QK, *, generator: torch.Generator | None = N
     return x
 
 
+def v4_values(num_blocks: int, block_size: int, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Realistic DeepSeek-V4 cache rows float32 ``[num_blocks, block_size, 512]``: each 64-value NoPE group its own
+    magnitude (:data:`V4_GROUP_GAIN`, so the seven UE8M0 scales of a row differ), RoPE values ~ N(0, 1), and a random
+    per-row gain."""
+    x = torch.randn(num_blocks * block_size, D_V4, generator=generator)
+    for g, gain in enumerate(V4_GROUP_GAIN):
+        x[:, V4_QUANT_BLOCK * g:V4_QUANT_BLOCK * (g + 1)] *= gain
+    x[:, :V4_NOPE] *= torch.empty(x.shape[0], 1).uniform_(-0.5, 0.5, generator=generator).exp()
+    return x.reshape(num_blocks, block_size, D_V4)
+
+
 def encode_cache(values: torch.Tensor, kv_format: str, *, scale_format: str = "pow2",
                  k_scale: float | None = None) -> tuple[torch.Tensor, float | None]:
     """Store real ``values [..., d_qk]`` (d_qk 576, or 512 for NoPE) in ``kv_format``: returns ``(stored, k_scale)``,
@@ -146,7 +192,9 @@ def encode_cache(values: torch.Tensor, kv_format: str, *, scale_format: str = "p
     ``fp8_e4m3`` stores ``values / k_scale`` clamped to ±448; ``k_scale`` defaults to ``amax / 400`` (not a power of
     two; 1.0 for empty values), or is the given one (only ``fp8_e4m3`` takes one). ``fp8_ds_mla`` with 512-wide
     values stores NaN bytes as the 64 rope values: a NoPE kernel must never read them. Empty values give an empty
-    cache of the format's row width.
+    cache of the format's row width. ``fp8_ds_mla_v4`` takes ``values [num_blocks, block_size, 512]`` (DeepSeek-V4
+    rows, the RoPE values their last 64) and returns vLLM's ``[num_blocks, block_size, 584]`` view of the pages
+    (:func:`~triton_mla_sparse.formats.quantize_fp8_ds_mla_v4`; other views: :func:`place_v4`).
     """
     if k_scale is not None and kv_format != "fp8_e4m3":
         raise ValueError(f"k_scale: only the 'fp8_e4m3' format has a per-tensor scale, got kv_format {kv_format!r}")
@@ -165,7 +213,12 @@ def encode_cache(values: torch.Tensor, kv_format: str, *, scale_format: str = "p
             packed[..., FP8_DS_MLA_ROPE_OFFSET:] = 0xFF
             return packed, None
         return quantize_fp8_ds_mla(values, scale_format=scale_format), None
-    raise ValueError(f"kv_format: expected one of {KV_FORMATS}, got {kv_format!r}")
+    if kv_format == FP8_DS_MLA_V4:
+        if values.dim() != 3 or values.shape[-1] != D_V4:
+            raise ValueError(f"values: expected [num_blocks, block_size, {D_V4}] for kv_format {kv_format!r}, got "
+                             f"shape {tuple(values.shape)}")
+        return v4_token_view(quantize_fp8_ds_mla_v4(values), values.shape[1]), None
+    raise ValueError(f"kv_format: expected one of {ALL_KV_FORMATS}, got {kv_format!r}")
 
 
 def quantize_indexer_q(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,8 +235,8 @@ def quantize_indexer_q(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class SparseMLAInputs:
     """The arguments of one paged sparse-MLA problem."""
 
-    q: torch.Tensor  # [rows, heads, 576]
-    kv_cache: torch.Tensor  # [num_blocks, block_size, row] in kv_format
+    q: torch.Tensor  # [rows, heads, 576] (512 for fp8_ds_mla_v4)
+    kv_cache: torch.Tensor  # [num_blocks, block_size, row] in kv_format (fp8_ds_mla_v4: vLLM's view of the pages)
     indices: torch.Tensor  # int32 [rows, topk] global slots
     block_table: torch.Tensor  # int32 [requests, ctx / block_size]
     kv_format: str
@@ -223,11 +276,13 @@ def sparse_mla_inputs(kind: str, *, rows: int, heads: int, ctx: int, topk: int, 
 
     ``kind="decode"``: one row per request (``rows == requests``), each picking ``topk`` distinct positions of its
     request. ``kind="prefill"``: one request, rows at its last ``rows`` positions, each picking ``topk`` distinct
-    positions at or before its own (causal; every row must see at least ``topk`` tokens).
+    positions at or before its own (causal; every row must see at least ``topk`` tokens). ``fp8_ds_mla_v4``:
+    DeepSeek-V4's shapes, q and cache rows 512 wide (the cache in vLLM's view, :func:`encode_cache`).
     """
     device = torch.device(device)
     block_table = _seeded_block_table(requests, ctx, block_size, device, seed)
-    values = torch.randn(requests * (ctx // block_size), block_size, D_QK, dtype=torch.bfloat16, device=device)
+    d_qk = D_V4 if kv_format == FP8_DS_MLA_V4 else D_QK
+    values = torch.randn(requests * (ctx // block_size), block_size, d_qk, dtype=torch.bfloat16, device=device)
     kv_cache, k_scale = encode_cache(values, kv_format, scale_format=scale_format)
     del values
     if kind == "decode":
@@ -247,7 +302,7 @@ def sparse_mla_inputs(kind: str, *, rows: int, heads: int, ctx: int, topk: int, 
 
     indices = topk_to_slots(positions, req, block_table, block_size)
     del positions
-    q = torch.randn(rows, heads, D_QK, dtype=q_dtype, device=device)
+    q = torch.randn(rows, heads, d_qk, dtype=q_dtype, device=device)
     return SparseMLAInputs(q=q, kv_cache=kv_cache, indices=indices, block_table=block_table, kv_format=kv_format,
                            k_scale=k_scale)
 
