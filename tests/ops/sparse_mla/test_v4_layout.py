@@ -16,7 +16,7 @@ from triton_mla_sparse import reference
 from triton_mla_sparse.capabilities import ARCHS, problem_reasons
 from triton_mla_sparse.ops.sparse_mla.api import check_attention_inputs
 from triton_mla_sparse.ops.sparse_mla.configs import choose_config, v4_supported
-from triton_mla_sparse.testing import V4_LAYOUTS, encode_cache, place_v4, v4_values
+from triton_mla_sparse.testing import V4_LAYOUTS, encode_cache, place_v4, sparse_mla_inputs, v4_values
 
 V4 = "fp8_ds_mla_v4"
 SCALE = 0.07  # a caller's softmax scale (DeepSeek-V4 passes its own)
@@ -123,6 +123,17 @@ def test_reference_matches_a_literal_loop():
         s = q[t] @ K.T * SCALE
         assert torch.allclose(ref_lse[t], torch.logsumexp(s, -1), atol=1e-12)
         assert torch.allclose(ref_out[t], torch.softmax(s, -1) @ K, atol=1e-12)
+
+
+def test_sparse_mla_inputs_builds_v4_problems():
+    """The shared problem builder (benchmarks, check, the GPU tier) makes V4 problems: 512-wide q, vLLM's view."""
+    inp = sparse_mla_inputs("decode", rows=2, heads=3, ctx=64, topk=16, requests=2, block_size=16, kv_format=V4,
+                            q_dtype=torch.float16, device=DEVICE)
+    assert inp.q.shape == (2, 3, 512) and inp.kv_cache.shape == (8, 16, 584) and inp.kv_cache.stride()[1:] == (584, 1)
+    prob = Problem(q=inp.q, kv_cache=inp.kv_cache, indices=inp.indices, softmax_scale=SCALE, kv_format=V4)
+    out, lse = run_kernel(prob, "decode", out=nan_out(2, 3))
+    assert_matches(out, lse, *run_reference(prob), **prob.tol, what="sparse_mla_inputs")
+    assert inp.unique_bytes == inp.unique_rows * 584 + inp.q.numel() * 2 + 2 * 3 * 512 * 2
 
 
 # ------------------------------------------------------------------------------------------ the kernel's dequantisation
