@@ -7,7 +7,8 @@
 * cache encoders: :func:`encode_cache` for every attention format (:func:`v4_values` gives DeepSeek-V4 rows whose
   scale groups differ), :func:`triton_mla_sparse.formats.
   quantize_indexer_cache` for vLLM's fp8 indexer cache and :func:`quantize_indexer_q` for its e4m3 queries;
-* whole problems: :func:`sparse_mla_inputs` (paged decode or prefill attention) and :func:`indexer_inputs`;
+* whole problems: :func:`sparse_mla_inputs` (paged decode or prefill attention), :func:`v4_decode_inputs`
+  (DeepSeek-V4 decode over its two caches) and :func:`indexer_inputs`;
 * comparisons: :func:`rel_err` and :func:`assert_close` (identical inf/NaN positions first), :func:`nan_filled`
   for outputs that must be overwritten.
 
@@ -29,11 +30,13 @@ from .formats import (ALL_KV_FORMATS, D_INDEX, D_QK, D_ROPE, D_V, D_V4, FP8_DS_M
 __all__ = [
     "OUTPUT_TOLERANCE",
     "DSV32_SOFTMAX_SCALE",
+    "DSV4_SOFTMAX_SCALE",
     "GLM5_SOFTMAX_SCALE",
     "LAYOUTS",
     "V4_LAYOUTS",
     "IndexerInputs",
     "SparseMLAInputs",
+    "V4DecodeInputs",
     "assert_close",
     "encode_cache",
     "indexer_inputs",
@@ -48,6 +51,7 @@ __all__ = [
     "sparse_mla_inputs",
     "sparse_mla_unique_bytes",
     "take_rows",
+    "v4_decode_inputs",
     "v4_values",
 ]
 
@@ -55,6 +59,7 @@ __all__ = [
 OUTPUT_TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
 GLM5_SOFTMAX_SCALE = 256 ** -0.5  # GLM-5: softmax scale of its 256-wide qk heads before absorption
 DSV32_SOFTMAX_SCALE = 192 ** -0.5  # DeepSeek-V3.2: 192-wide qk heads
+DSV4_SOFTMAX_SCALE = 512 ** -0.5  # DeepSeek-V4: its 512-wide qk heads (vLLM's deepseek_v4 attention scale)
 TILE_GAIN = (1.0, 0.25, 2.0, 0.5)  # magnitude of each 128-wide latent tile: a wrong fp8_ds_mla tile scale shows
 V4_GROUP_GAIN = (1.0, 0.25, 4.0, 0.5, 2.0, 0.125, 8.0)  # each 64-value NoPE group of a V4 row: a wrong scale shows
 
@@ -305,6 +310,58 @@ def sparse_mla_inputs(kind: str, *, rows: int, heads: int, ctx: int, topk: int, 
     q = torch.randn(rows, heads, d_qk, dtype=q_dtype, device=device)
     return SparseMLAInputs(q=q, kv_cache=kv_cache, indices=indices, block_table=block_table, kv_format=kv_format,
                            k_scale=k_scale)
+
+
+@dataclass
+class V4DecodeInputs:
+    """The arguments of one DeepSeek-V4 decode problem over its two caches (both ``fp8_ds_mla_v4``, vLLM's view)."""
+
+    q: torch.Tensor  # [rows, heads, 512]
+    kv_cache: torch.Tensor  # the sliding-window cache
+    indices: torch.Tensor  # int32 [rows, window]: each row's window slots (the main list)
+    block_table: torch.Tensor  # int32 [requests, blocks]: the compressed cache's block table
+    unique_rows: int  # distinct cache rows referenced (both caches)
+    topk_length: torch.Tensor  # int32 [rows]
+    attn_sink: torch.Tensor  # float32 [heads]
+    extra_kv_cache: torch.Tensor  # the compressed cache
+    extra_indices: torch.Tensor  # int32 [rows, extra_topk]
+    extra_topk_length: torch.Tensor  # int32 [rows]
+
+
+def v4_decode_inputs(*, rows: int, heads: int, ctx: int, window: int, extra_topk: int, block_size: int = 64,
+                     q_dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
+                     seed: int = 0) -> V4DecodeInputs:
+    """Random DeepSeek-V4 decode inputs, a compressed-attention layer as vLLM's FlashMLA path sees it (seeds
+    torch's generator with ``seed``): one row per request; request r's last ``window`` tokens in the sliding-window
+    cache (``ceil(window / block_size)`` blocks of its own) and its ``ctx // 4`` compressed entries in the
+    compressed cache (blocks scattered over the pool), rows :func:`v4_values`; the main list is the window in token
+    order, the extra list ``extra_topk`` distinct random compressed entries; full lengths; q ~ N(0, 1), a sink ~ N(0,
+    1) per head."""
+    device = torch.device(device)
+    n_comp = ctx // 4
+    if window < 1 or extra_topk < 1 or n_comp < extra_topk:
+        raise ValueError(f"window ({window}) and extra_topk ({extra_topk}) must be >= 1, extra_topk <= ctx // 4 "
+                         f"({n_comp})")
+    g = torch.Generator().manual_seed(seed)
+    swa_blocks = -(-window // block_size)
+    swa_table = torch.randperm(rows * swa_blocks, generator=g).view(rows, swa_blocks).to(torch.int32)
+    swa = v4_values(rows * swa_blocks, block_size, generator=g)
+    comp_table = _seeded_block_table(rows, -(-n_comp // block_size) * block_size, block_size, "cpu", seed)
+    comp = v4_values(rows * comp_table.shape[1], block_size, generator=g)
+    from . import topk_to_slots
+
+    req = torch.arange(rows, dtype=torch.int32)
+    win = torch.arange(window, dtype=torch.int32).expand(rows, window).contiguous()
+    indices = topk_to_slots(win, req, swa_table, block_size)
+    extra = topk_to_slots(random_topk_positions(rows, n_comp, extra_topk, "cpu"), req, comp_table, block_size)
+    q = torch.randn(rows, heads, D_V4, generator=g)
+    sink = torch.randn(heads, generator=g)
+    enc = lambda v: encode_cache(v.to(device), FP8_DS_MLA_V4)[0]  # noqa: E731
+    lens = lambda n: torch.full((rows,), n, dtype=torch.int32, device=device)  # noqa: E731
+    return V4DecodeInputs(q=q.to(device=device, dtype=q_dtype), kv_cache=enc(swa), indices=indices.to(device),
+                          block_table=comp_table.to(device), unique_rows=rows * (window + extra_topk),
+                          topk_length=lens(window), attn_sink=sink.to(device), extra_kv_cache=enc(comp),
+                          extra_indices=extra.to(device), extra_topk_length=lens(extra_topk))
 
 
 @dataclass

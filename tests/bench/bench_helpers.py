@@ -29,10 +29,23 @@ def _fake_flashmla(calls):
         return out, None, None
 
     def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, softmax_scale=None,
-                               is_fp8_kvcache=False, indices=None):
+                               is_fp8_kvcache=False, indices=None, topk_length=None, attn_sink=None,
+                               extra_k_cache=None, extra_indices_in_kvcache=None, extra_topk_length=None):
         assert is_fp8_kvcache and block_table is None and head_dim_v == 512 and meta is not None
         T, s_q, hp, _ = q.shape
-        assert s_q == 1 and hp in (64, 128) and k_cache.shape[2:] == (1, 656) and indices.shape[:2] == (T, 1)
+        assert s_q == 1 and hp in (64, 128) and indices.shape[:2] == (T, 1)
+        if k_cache.shape[-1] == 584:  # DeepSeek-V4: the window cache, the compressed one as extra_*, a sink
+            assert k_cache.shape[2:] == (1, 584) and extra_k_cache.shape[2:] == (1, 584) and q.shape[-1] == 512
+            assert extra_indices_in_kvcache.shape[:2] == (T, 1) and attn_sink.shape == (hp,)
+            assert topk_length.shape == extra_topk_length.shape == (T,)
+            calls.append(("kvcache_fp8_v4", tuple(q.shape)))
+            out = reference.sparse_mla_attention(
+                q[:, 0], k_cache[:, :, 0], indices[:, 0], softmax_scale, kv_format="fp8_ds_mla_v4",
+                topk_length=topk_length, attn_sink=attn_sink, extra_kv_cache=extra_k_cache[:, :, 0],
+                extra_indices=extra_indices_in_kvcache[:, 0], extra_topk_length=extra_topk_length,
+                out_dtype=q.dtype)
+            return out.view(T, 1, hp, 512), None
+        assert k_cache.shape[2:] == (1, 656) and topk_length is None and extra_k_cache is None
         calls.append(("kvcache_fp8", tuple(q.shape)))
         out = _ref(q[:, 0], k_cache[:, :, 0], indices[:, 0], softmax_scale, "fp8_ds_mla")
         return out.view(T, 1, hp, 512), None

@@ -55,6 +55,24 @@ def test_run_writes_the_results_schema(tmp_path, monkeypatch):
     assert any("ours / peer" in s for s in lines)
 
 
+def test_v4_decode_case_runs_ours_and_flashmla(tmp_path):
+    """The DeepSeek-V4 smoke case end to end through the interpreter: ours with both caches, the lengths and the
+    sink, and FlashMLA's V4 call (the fake checks its shapes: heads padded to 64, both caches [.., 1, 584]) agree
+    with the reference; torch and the bf16 peers do not apply."""
+    calls = []
+    peers = bench.Peers(modules={"flashmla": _fake_flashmla(calls)}, status={"flashmla_fp8": "loaded from fake"})
+    out = tmp_path / "v4.json"
+    lines = []
+    rc = bench.run_bench(cpu_smoke=True, case_filter=r"^decode v4 ", out=str(out), peers=peers, plot=False,
+                         log=lines.append)
+    assert rc == 0, "\n".join(lines)
+    (case,) = json.loads(out.read_text())["cases"]
+    assert case["kv_format"] == "fp8_ds_mla_v4" and list(case["methods"]) == ["ours", "flashmla_fp8"]
+    for m in case["methods"].values():
+        assert m["rel_err"] < 1e-2 and m["ms"] > 0
+    assert ("kvcache_fp8_v4", (2, 1, 64, 512)) in calls
+
+
 def test_indexer_run_writes_the_results_schema(tmp_path, monkeypatch):
     """Tiny indexer cases end to end through the interpreter: every method key, checked then timed, in the JSON."""
     monkeypatch.setenv("TMS_COMMIT", "0123abc")

@@ -16,14 +16,15 @@ import importlib
 from typing import Any
 
 _MODULES = {
-    "cases": ("Case", "GLM5_SCALE", "DSV32_SCALE", "INDEXER_KV_FORMAT", "KINDS", "decode_case", "prefill_case",
+    "cases": ("Case", "GLM5_SCALE", "DSV32_SCALE", "DSV4_SCALE", "INDEXER_KV_FORMAT", "V4_KV_FORMAT", "KINDS",
+              "decode_case", "prefill_case", "v4_decode_case",
               "indexer_case", "case_group", "graph_timed", "parse_kinds", "bench_cases", "smoke_cases"),
     "inputs": ("CaseInputs", "IndexerInputs", "build_inputs", "build_indexer_inputs", "indexer_args"),
     "methods": ("Prepared", "Unsupported", "PeerUnavailable", "METHODS", "METHOD_KEYS", "PEER_KEYS", "EXTERNAL_PEERS",
                 "DEEPGEMM_KEYS", "INDEXER_METHOD_KEYS", "INDEXER_ONLY", "register_method", "method_applies",
                 "method_factories", "topk_positions", "invalid_columns"),
     "peers": ("Peers", "PEER_BUILDERS", "PEER_MODULES", "load_peers", "resolve_peers_dir", "resolve_deepgemm_dir",
-              "deepgemm_jit_cache_dir", "flashmla_bf16_call", "flashmla_fp8_call", "page1_call",
+              "deepgemm_jit_cache_dir", "flashmla_bf16_call", "flashmla_fp8_call", "flashmla_v4_call", "page1_call",
               "deepgemm_logits_call"),
     "accuracy": ("tolerance", "INDEXER_TOL", "case_tolerance", "reference_output", "indexer_reference",
                  "indexer_error", "check_output"),

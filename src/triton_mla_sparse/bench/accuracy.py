@@ -113,5 +113,5 @@ def reference_output(inp: CaseInputs | IndexerInputs,
     sel = _check_rows(inp.case, inp.device, seed)
     q, idx = (inp.q, inp.indices) if sel is None else (inp.q[sel], inp.indices[sel])
     ref = reference.sparse_mla_attention(q, inp.kv_cache, idx, inp.softmax_scale, kv_format=inp.kv_format,
-                                         compute_dtype=torch.float32, out_dtype=torch.float32)
+                                         compute_dtype=torch.float32, out_dtype=torch.float32, **inp.extras(sel))
     return ref, sel

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from ..formats import D_INDEX, D_QK, D_V
+from ..formats import D_INDEX, D_QK, D_V, D_V4, FP8_DS_MLA_V4
 from ..testing import DSV32_SOFTMAX_SCALE as DSV32_SCALE
+from ..testing import DSV4_SOFTMAX_SCALE as DSV4_SCALE
 from ..testing import GLM5_SOFTMAX_SCALE as GLM5_SCALE
+V4_KV_FORMAT = FP8_DS_MLA_V4  # DeepSeek-V4's fp8 pages: its cases also read a second (compressed) cache
 INDEXER_KV_FORMAT = "fp8_indexer"  # vLLM's fp8 indexer cache: per block bs·128 e4m3 values, then bs float32 scales
 KINDS = ("attention", "indexer")  # case groups: attention = kind "decode" / "prefill"; indexer = kind "indexer"
 
@@ -31,6 +33,7 @@ class Case:
     scale_format: str = "pow2"  # fp8_ds_mla writer convention
     check_rows: int = 256  # accuracy is checked on at most this many rows (a random subset)
     phase: str | None = None  # indexer cases: "decode" (one row per request) | "prefill" (causal rows, one request)
+    extra_topk: int = 0  # DeepSeek-V4 cases: entries of the compressed cache's list (``topk``: the window's)
 
     @property
     def pairs(self) -> int:
@@ -44,6 +47,8 @@ class Case:
     def flops(self) -> int:
         if self.kind == "indexer":
             return 2 * self.heads * D_INDEX * self.pairs
+        if self.kv_format == V4_KV_FORMAT:
+            return 2 * self.heads * (self.topk + self.extra_topk) * (D_V4 + D_V4) * self.rows
         return 2 * self.heads * self.topk * (D_QK + D_V) * self.rows
 
 
@@ -58,6 +63,18 @@ def decode_case(heads: int, batch: int, kv_format: str, *, ctx: int = 8192, topk
     return Case(name=f"decode h{heads} B={batch} ctx{_ctx_label(ctx)} {kv_format}", kind="decode", rows=batch,
                 heads=heads, topk=topk, ctx=ctx, kv_format=kv_format, requests=batch, block_size=block_size,
                 q_dtype=q_dtype, softmax_scale=scale)
+
+
+def v4_decode_case(heads: int, batch: int, *, window: int = 128, extra_topk: int = 512, ctx: int = 8192,
+                   block_size: int = 64, q_dtype: str = "bfloat16") -> Case:
+    """A DeepSeek-V4 decode case, a compressed-attention layer as vLLM's FlashMLA path runs it: ``batch`` requests
+    of ``ctx`` tokens, one query row each (512 wide) over two ``fp8_ds_mla_v4`` caches with one softmax and a
+    per-head sink — the sliding-window cache (the last ``window`` tokens: the main list) and the compressed cache
+    (``ctx // 4`` entries, ``extra_topk`` of them chosen by the indexer: the extra list)."""
+    return Case(name=f"decode v4 h{heads} B={batch} swa{window}+c{extra_topk} ctx{_ctx_label(ctx)} {V4_KV_FORMAT}",
+                kind="decode", rows=batch, heads=heads, topk=window, ctx=ctx, kv_format=V4_KV_FORMAT,
+                requests=batch, block_size=block_size, q_dtype=q_dtype, softmax_scale=DSV4_SCALE,
+                extra_topk=extra_topk)
 
 
 def prefill_case(heads: int, kv_format: str, *, rows: int = 4096, ctx: int = 32768, topk: int = 2048,
@@ -127,11 +144,13 @@ def bench_cases(quick: bool = False, kinds: str | Iterable[str] | None = None) -
         if quick:
             cases += [decode_case(h, 64, f) for h in (16, 128) for f in fmts]
             cases += [prefill_case(64, f) for f in fmts]
+            cases += [v4_decode_case(8, 64)]
         else:
             cases += [decode_case(h, 64, f) for h in (8, 16, 32, 64, 128) for f in fmts]
             cases += [decode_case(16, 256, f) for f in fmts]
             cases += [decode_case(128, 1, f, ctx=65536) for f in fmts]
             cases += [prefill_case(h, f) for h in (8, 16, 64, 128) for f in fmts]
+            cases += [v4_decode_case(h, b) for h in (8, 64) for b in (64, 256)]
     if "indexer" in kinds:
         if quick:
             cases += [indexer_case(64, "decode", ctx=131072), indexer_case(64, "prefill")]
@@ -153,6 +172,7 @@ def smoke_cases(kinds: str | Iterable[str] | None = None) -> list[Case]:
             decode_case(128, 1, "fp16", ctx=512, **kw),
             replace(prefill_case(16, "fp8_ds_mla", rows=6, ctx=512, **kw), check_rows=4),
             prefill_case(8, "fp16", rows=4, ctx=256, **kw),
+            v4_decode_case(4, 2, window=32, extra_topk=48, ctx=512, block_size=16, q_dtype="float16"),
         ]
     if "indexer" in kinds:
         cases += [

@@ -10,8 +10,8 @@ import torch
 
 from ..formats import INDEXER_ROW_BYTES
 from .. import testing
-from ..testing import indexer_inputs, sparse_mla_inputs, sparse_mla_unique_bytes
-from .cases import Case
+from ..testing import indexer_inputs, sparse_mla_inputs, sparse_mla_unique_bytes, v4_decode_inputs
+from .cases import V4_KV_FORMAT, Case
 
 
 class _Inputs:
@@ -36,10 +36,29 @@ class CaseInputs(_Inputs):
     indices: torch.Tensor  # int32 [rows, topk] global slots
     block_table: torch.Tensor  # int32 [requests, blocks_per_request]
     unique_rows: int  # distinct cache rows referenced by all lists together
+    # DeepSeek-V4 cases: each row's list lengths, the per-head sink and the second (compressed) cache with its list
+    topk_length: torch.Tensor | None = None  # int32 [rows]
+    attn_sink: torch.Tensor | None = None  # float32 [heads]
+    extra_kv_cache: torch.Tensor | None = None
+    extra_indices: torch.Tensor | None = None  # int32 [rows, extra_topk]
+    extra_topk_length: torch.Tensor | None = None  # int32 [rows]
 
     @property
     def softmax_scale(self) -> float:
         return self.case.softmax_scale
+
+    def extras(self, rows: torch.Tensor | None = None) -> dict:
+        """The keyword arguments of the attention call beyond (q, kv_cache, indices, softmax_scale, kv_format) that
+        this case has, per-row ones restricted to ``rows`` (None: all)."""
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        kw = dict(topk_length=self.topk_length, extra_indices=self.extra_indices,
+                  extra_topk_length=self.extra_topk_length)
+        kw = {k: pick(v) for k, v in kw.items() if v is not None}
+        if self.attn_sink is not None:
+            kw["attn_sink"] = self.attn_sink
+        if self.extra_kv_cache is not None:
+            kw["extra_kv_cache"] = self.extra_kv_cache
+        return kw
 
     @property
     def unique_bytes(self) -> int:
@@ -87,6 +106,11 @@ def build_inputs(case: Case, device: torch.device | str, seed: int = 0) -> CaseI
     :class:`IndexerInputs` (:func:`build_indexer_inputs`)."""
     if case.kind == "indexer":
         return build_indexer_inputs(case, device, seed)
+    if case.kv_format == V4_KV_FORMAT:
+        v = v4_decode_inputs(rows=case.rows, heads=case.heads, ctx=case.ctx, window=case.topk,
+                             extra_topk=case.extra_topk, block_size=case.block_size, q_dtype=_DTYPES[case.q_dtype],
+                             device=device, seed=seed)
+        return CaseInputs(case=case, **{f.name: getattr(v, f.name) for f in fields(v)})
     t = sparse_mla_inputs(case.kind, rows=case.rows, heads=case.heads, ctx=case.ctx, topk=case.topk,
                           requests=case.requests, block_size=case.block_size, kv_format=case.kv_format,
                           q_dtype=_DTYPES[case.q_dtype], scale_format=case.scale_format, device=device, seed=seed)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..formats import D_INDEX, D_V, dequantize_fp8_ds_mla, unpack_indexer_cache
-from .cases import Case
+from .cases import V4_KV_FORMAT, Case
 from .inputs import CaseInputs, IndexerInputs, indexer_args
 from .util import short_exc
 
@@ -65,14 +65,16 @@ def register_method(name: str) -> Callable[[MethodFactory], MethodFactory]:
 def method_applies(name: str, case: Case) -> bool:
     """Whether method ``name`` is run on ``case`` at all (a peer that does not apply is absent from the case).
 
-    ``ours`` and ``torch``: every case. ``page1_triton`` and ``fa3_page1`` (vLLM's FLASH_ATTN_MLA_SPARSE, SM90):
+    ``ours``: every case; ``torch``: every case but DeepSeek-V4's (two caches). ``page1_triton`` and ``fa3_page1`` (vLLM's FLASH_ATTN_MLA_SPARSE, SM90):
     bf16 (and fp16, the CPU smoke format) caches, decode and prefill. ``flashmla_bf16``: bf16 caches, decode and
     prefill. ``flashmla_fp8``: fp8_ds_mla caches, decode and prefill (prefill through the decode kernel with each
-    row as its own batch entry, as vLLM's fp8 path does).
+    row as its own batch entry, as vLLM's fp8 path does), and DeepSeek-V4's fp8_ds_mla_v4 decode cases.
     ``ours_logits``, ``deepgemm``, ``deepgemm_topk``: indexer cases only (and no attention peer applies to them).
     ``ours_portable`` (``--emulate``): every attention case."""
-    if name in ("ours", "torch"):
+    if name == "ours":
         return True
+    if name == "torch":  # one cache, no sink: not the DeepSeek-V4 cases
+        return case.kv_format != V4_KV_FORMAT
     if name in INDEXER_ONLY:
         return case.kind == "indexer"
     if case.kind not in ("decode", "prefill"):
@@ -84,7 +86,7 @@ def method_applies(name: str, case: Case) -> bool:
     if name == "flashmla_bf16":
         return case.kv_format == "bf16"
     if name == "flashmla_fp8":
-        return case.kv_format == "fp8_ds_mla"
+        return case.kv_format in ("fp8_ds_mla", V4_KV_FORMAT)
     return name in METHODS  # a registered extra method: every case
 
 
@@ -95,12 +97,13 @@ def _build_ours(inp: CaseInputs) -> Prepared:
     from ..ops.sparse_mla import sparse_mla_attention, sparse_mla_attention_with_config
 
     q, kv, idx, scale, fmt = inp.q, inp.kv_cache, inp.indices, inp.softmax_scale, inp.kv_format
+    kw = inp.extras()
     out = torch.empty(q.shape[0], q.shape[1], D_V, dtype=q.dtype, device=q.device)
     # One call to learn the configuration the API picks for this shape (also compiles the kernel).
-    _, cfg = sparse_mla_attention_with_config(q, kv, idx, scale, kv_format=fmt, out=out, return_config=True)
+    _, cfg = sparse_mla_attention_with_config(q, kv, idx, scale, kv_format=fmt, out=out, return_config=True, **kw)
 
     def fn():
-        return sparse_mla_attention(q, kv, idx, scale, kv_format=fmt, out=out)
+        return sparse_mla_attention(q, kv, idx, scale, kv_format=fmt, out=out, **kw)
 
     return Prepared(fn=fn, config=cfg.describe())
 

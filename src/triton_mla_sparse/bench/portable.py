@@ -55,12 +55,13 @@ def portable_factory(family: str) -> MethodFactory:
         # every field of the family's choice (split_len follows num_splits; the kernel is its own argument)
         over = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("kernel", "split_len")}
         out = torch.empty(q.shape[0], q.shape[1], D_V, dtype=q.dtype, device=q.device)
+        kw = inp.extras()  # DeepSeek-V4 cases: the second cache, lengths, sink
         _, used = sparse_mla_attention_with_config(q, kv, idx, scale, kv_format=fmt, out=out, kernel=cfg.kernel,
-                                                   return_config=True, **over)
+                                                   return_config=True, **kw, **over)
 
         def fn() -> torch.Tensor:
             return sparse_mla_attention_with_config(q, kv, idx, scale, kv_format=fmt, out=out, kernel=cfg.kernel,
-                                                    **over)
+                                                    **kw, **over)
 
         return Prepared(fn=fn, config=f"{family} table: {used.describe()}")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .deepgemm import DEEPGEMM_FUNCTIONS, build_deepgemm, build_deepgemm_topk, deepgemm_logits_call
 from .fa3 import build_fa3_page1, compact_slots, fa3_page1_call
-from .flashmla import build_flashmla_bf16, build_flashmla_fp8, flashmla_bf16_call, flashmla_fp8_call
+from .flashmla import build_flashmla_bf16, build_flashmla_fp8, flashmla_bf16_call, flashmla_fp8_call, flashmla_v4_call
 from .loader import (DEEPGEMM_VLLM_MODULE, PEER_MODULES, Peers, deepgemm_jit_cache_dir, load_peers,
                      resolve_deepgemm_dir, resolve_peers_dir)
 from .page1 import build_page1_triton, page1_call
@@ -18,6 +18,6 @@ PEER_BUILDERS = {"page1_triton": ("page1", build_page1_triton), "flashmla_bf16":
 
 __all__ = ["PEER_BUILDERS", "PEER_MODULES", "DEEPGEMM_FUNCTIONS", "DEEPGEMM_VLLM_MODULE", "Peers", "load_peers",
            "resolve_peers_dir", "resolve_deepgemm_dir", "deepgemm_jit_cache_dir", "flashmla_bf16_call",
-           "flashmla_fp8_call", "page1_call", "deepgemm_logits_call", "build_flashmla_bf16", "build_flashmla_fp8",
-           "build_page1_triton", "build_deepgemm", "build_deepgemm_topk", "build_fa3_page1", "fa3_page1_call",
-           "compact_slots"]
+           "flashmla_fp8_call", "flashmla_v4_call", "page1_call", "deepgemm_logits_call", "build_flashmla_bf16",
+           "build_flashmla_fp8", "build_page1_triton", "build_deepgemm", "build_deepgemm_topk", "build_fa3_page1",
+           "fa3_page1_call", "compact_slots"]
