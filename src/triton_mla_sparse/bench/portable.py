@@ -47,8 +47,8 @@ def portable_factory(family: str) -> MethodFactory:
         if c.kind not in ("decode", "prefill"):
             raise Unsupported("ours_portable emulates the attention kernels")
         q, kv, idx, scale, fmt = inp.q, inp.kv_cache, inp.indices, inp.softmax_scale, c.kv_format
-        reasons = unsupported_reasons(arch, q_dtype=q.dtype, kv_format=fmt, heads=c.heads, topk=c.topk,
-                                      block_size=c.block_size, device_desc=family)
+        reasons = unsupported_reasons(arch, q_dtype=q.dtype, kv_format=fmt, d_rope=q.shape[-1] - D_V, heads=c.heads,
+                                      topk=c.topk, block_size=c.block_size, device_desc=family)
         if reasons:
             raise Unsupported("; ".join(reasons))
         cfg = choose_config(c.rows, c.heads, c.topk, q.device, "auto", kv_format=fmt, arch=arch, q_dtype=q.dtype)
