@@ -158,43 +158,38 @@ def test_compile_matrix_table_covers_every_arch_and_class():
         assert set(TABLE[arch]) == {(h, c) for h in HEAD_CLASSES for c in classes}, arch
 
 
-def test_compile_matrix_v4_spills_where_refused():
-    """Why the API refuses fp8_ds_mla_v4 on RDNA3: the V4 path has no low-register variant, and its build with
-    RDNA's tile (16 heads, 16 rows, 16 warps) spills VGPRs on gfx1100 (while RDNA4's, gfx1200, does not: its
-    matrix rows). When this stops spilling, RDNA3 can get a table entry."""
+def _report_in_child(arch: str, cfg: str, kv_format: str, split: bool) -> list[str]:
+    """``report`` fields (spills, registers, stack, local, traps) of one attention build, compiled in a child process
+    (no interpreter): ``cfg`` is the ``AttentionConfig(...)`` keyword list."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = ("from triton_mla_sparse.capabilities import ARCHS\n"
             "from triton_mla_sparse._common.compile import report\n"
             "from triton_mla_sparse.ops.sparse_mla.aot import compile_attention\n"
             "from triton_mla_sparse.ops.sparse_mla.configs import AttentionConfig\n"
-            "arch = ARCHS['gfx1100']\n"
-            "cfg = AttentionConfig(kernel='decode', block_h=16, block_n=16, num_splits=8, split_len=256,"
-            " num_warps=16, num_stages=1, sw_fp8=True)\n"
-            "r = report(arch, compile_attention(arch, cfg, kv_format='fp8_ds_mla_v4', split=True))\n"
-            "print('SPILLS', int(r.spills), r.registers, r.stack_bytes, r.local_bytes)\n")
+            f"arch = ARCHS[{arch!r}]\n"
+            f"r = report(arch, compile_attention(arch, AttentionConfig({cfg}), kv_format={kv_format!r}, split={split}))\n"
+            "print('REPORT', int(r.spills), r.registers, r.stack_bytes, r.local_bytes, r.traps)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("SPILLS")]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT")]
     assert line, proc.stderr[-2000:]
-    assert line[0].split()[1] == "1", line[0]
+    return line[0].split()[1:]
+
+
+def test_compile_matrix_v4_spills_where_refused():
+    """Why the API refuses fp8_ds_mla_v4 on RDNA3: the V4 path has no low-register variant, and its build with
+    RDNA's tile (16 heads, 16 rows, 16 warps) spills VGPRs on gfx1100 (while RDNA4's, gfx1200, does not: its
+    matrix rows). When this stops spilling, RDNA3 can get a table entry."""
+    fields = _report_in_child("gfx1100", "kernel='decode', block_h=16, block_n=16, num_splits=8, split_len=256, "
+                              "num_warps=16, num_stages=1, sw_fp8=True", "fp8_ds_mla_v4", True)
+    assert fields[0] == "1", fields
 
 
 def test_compile_matrix_sees_a_trap_build():
     """Canary for the trap check: sm100's 64-head attention block (what the table picked before) needs more tensor
     memory than the target has; Triton builds it as a bare trap, which the matrix must count."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("from triton_mla_sparse.capabilities import ARCHS\n"
-            "from triton_mla_sparse._common.compile import report\n"
-            "from triton_mla_sparse.ops.sparse_mla.aot import compile_attention\n"
-            "from triton_mla_sparse.ops.sparse_mla.configs import AttentionConfig\n"
-            "arch = ARCHS['sm100']\n"
-            "cfg = AttentionConfig(kernel='prefill', block_h=64, block_n=64, num_splits=1, split_len=2048,"
-            " num_warps=8, num_stages=2)\n"
-            "r = report(arch, compile_attention(arch, cfg, kv_format='bf16', split=False))\n"
-            "print('TRAPS', r.traps, r.registers, r.stack_bytes)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("TRAPS")]
-    assert line, proc.stderr[-2000:]
-    assert int(line[0].split()[1]) >= 1, line[0]
+    fields = _report_in_child("sm100", "kernel='prefill', block_h=64, block_n=64, num_splits=1, split_len=2048, "
+                              "num_warps=8, num_stages=2", "bf16", False)
+    assert int(fields[4]) >= 1, fields
 
 
 def test_table_entries_respect_max_block_h():

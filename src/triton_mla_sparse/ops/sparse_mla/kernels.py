@@ -48,14 +48,21 @@ LN2 = 0.6931471805599453
 
 
 @triton.jit
-def _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, o_k, n_end, num_slots, block_size, kv_ptr, stride_kv_blk,
-          stride_kv_row):
-    """Row pointers [BLOCK_N] of list entries ``o_k`` and their validity (inside the range, 0 <= slot < num_slots);
-    invalid entries point at slot 0 and are masked everywhere."""
+def _slot_ids(idx_ptr, i_t, stride_idx_t, stride_idx_k, o_k, n_end, num_slots):
+    """Slot ids [BLOCK_N] of list entries ``o_k`` and their validity (inside the range, 0 <= slot < num_slots);
+    invalid entries get slot 0 (masked everywhere by the caller)."""
     m_k = o_k < n_end
     b_idx = tl.load(idx_ptr + i_t * stride_idx_t + o_k.to(tl.int64) * stride_idx_k, mask=m_k, other=-1)
     m_n = m_k & (b_idx >= 0) & (b_idx < num_slots)
-    b_idx = tl.where(m_n, b_idx, 0)
+    return tl.where(m_n, b_idx, 0), m_n
+
+
+@triton.jit
+def _rows(idx_ptr, i_t, stride_idx_t, stride_idx_k, o_k, n_end, num_slots, block_size, kv_ptr, stride_kv_blk,
+          stride_kv_row):
+    """Row pointers [BLOCK_N] of list entries ``o_k`` and their validity (:func:`_slot_ids`); invalid entries point
+    at slot 0 and are masked everywhere."""
+    b_idx, m_n = _slot_ids(idx_ptr, i_t, stride_idx_t, stride_idx_k, o_k, n_end, num_slots)
     i_blk = b_idx // block_size
     i_off = b_idx - i_blk * block_size
     p_row = kv_ptr + i_blk.to(tl.int64) * stride_kv_blk + i_off.to(tl.int64) * stride_kv_row
@@ -67,10 +74,7 @@ def _rows_v4(idx_ptr, i_t, stride_idx_t, stride_idx_k, o_k, n_end, num_slots, bl
     """:func:`_rows` for DeepSeek-V4 pages: pointers [BLOCK_N] to the entries' 576-byte rows (at 576 · offset in
     their page) and to their 8 footer bytes (at 576 · block_size + 8 · offset), and the entries' validity; invalid
     entries point at slot 0 and are masked everywhere."""
-    m_k = o_k < n_end
-    b_idx = tl.load(idx_ptr + i_t * stride_idx_t + o_k.to(tl.int64) * stride_idx_k, mask=m_k, other=-1)
-    m_n = m_k & (b_idx >= 0) & (b_idx < num_slots)
-    b_idx = tl.where(m_n, b_idx, 0)
+    b_idx, m_n = _slot_ids(idx_ptr, i_t, stride_idx_t, stride_idx_k, o_k, n_end, num_slots)
     i_blk = b_idx // block_size
     i_off = b_idx - i_blk * block_size
     p_page = kv_ptr + i_blk.to(tl.int64) * stride_kv_blk
