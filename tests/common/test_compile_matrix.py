@@ -167,7 +167,8 @@ def _report_in_child(arch: str, cfg: str, kv_format: str, split: bool) -> list[s
             "from triton_mla_sparse.ops.sparse_mla.aot import compile_attention\n"
             "from triton_mla_sparse.ops.sparse_mla.configs import AttentionConfig\n"
             f"arch = ARCHS[{arch!r}]\n"
-            f"r = report(arch, compile_attention(arch, AttentionConfig({cfg}), kv_format={kv_format!r}, split={split}))\n"
+            f"cfg = AttentionConfig({cfg})\n"
+            f"r = report(arch, compile_attention(arch, cfg, kv_format={kv_format!r}, split={split}))\n"
             "print('REPORT', int(r.spills), r.registers, r.stack_bytes, r.local_bytes, r.traps)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT")]

@@ -65,10 +65,11 @@ def register_method(name: str) -> Callable[[MethodFactory], MethodFactory]:
 def method_applies(name: str, case: Case) -> bool:
     """Whether method ``name`` is run on ``case`` at all (a peer that does not apply is absent from the case).
 
-    ``ours``: every case; ``torch``: every case but DeepSeek-V4's (two caches). ``page1_triton`` and ``fa3_page1`` (vLLM's FLASH_ATTN_MLA_SPARSE, SM90):
-    bf16 (and fp16, the CPU smoke format) caches, decode and prefill. ``flashmla_bf16``: bf16 caches, decode and
-    prefill. ``flashmla_fp8``: fp8_ds_mla caches, decode and prefill (prefill through the decode kernel with each
-    row as its own batch entry, as vLLM's fp8 path does), and DeepSeek-V4's fp8_ds_mla_v4 decode cases.
+    ``ours``: every case; ``torch``: every case but DeepSeek-V4's (two caches). ``page1_triton`` and ``fa3_page1``
+    (vLLM's FLASH_ATTN_MLA_SPARSE, SM90): bf16 (and fp16, the CPU smoke format) caches, decode and prefill.
+    ``flashmla_bf16``: bf16 caches, decode and prefill. ``flashmla_fp8``: fp8_ds_mla caches, decode and prefill
+    (prefill through the decode kernel with each row as its own batch entry, as vLLM's fp8 path does), and
+    DeepSeek-V4's fp8_ds_mla_v4 decode cases.
     ``ours_logits``, ``deepgemm``, ``deepgemm_topk``: indexer cases only (and no attention peer applies to them).
     ``ours_portable`` (``--emulate``): every attention case."""
     if name == "ours":
