@@ -381,6 +381,44 @@ def test_gluon_garbage_indices_stay_in_bounds(gluon_launches, family, H, extra, 
 
 
 @pytest.mark.memcheck
+def test_v4_pages_garbage_indices_stay_in_bounds():
+    """DeepSeek-V4 pages (fp8_ds_mla_v4, the tl kernel): both caches in allocations that end at the last page's
+    last footer byte (the page padding of every other page NaN bytes), garbage indices and lengths in both lists, a
+    sink; decode and prefill against the reference on clean copies."""
+    from triton_mla_sparse.formats import FP8_DS_MLA_V4, V4_TOKEN_BYTES, quantize_fp8_ds_mla_v4, v4_page_bytes
+
+    torch.manual_seed(9)
+    T, H, bs = 8, 16, 64
+
+    def pages_at_end(nb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        clean = quantize_fp8_ds_mla_v4(torch.randn(nb, bs, 512)).to(DEV)
+        used, width = bs * V4_TOKEN_BYTES, v4_page_bytes(bs)
+        view = buffer_at_end((nb, bs, V4_TOKEN_BYTES), torch.uint8, strides=(width, V4_TOKEN_BYTES, 1))  # vLLM's
+        view.copy_(clean[:, :used].reshape(nb, bs, V4_TOKEN_BYTES))
+        return view, clean
+
+    swa, swa_clean = pages_at_end(3)
+    cmp, cmp_clean = pages_at_end(9)
+    q = copy_to_end(torch.randn(T, H, 512, dtype=QD, device=DEV))
+    idx = copy_to_end(garbage_indices(T, 96, swa.shape[0] * bs))
+    idx2 = copy_to_end(garbage_indices(T, 160, cmp.shape[0] * bs))
+    tl1 = copy_to_end(torch.tensor([96, 96, 96, INT32_MAX, 91, 0, -3, 1], dtype=torch.int32, device=DEV))
+    tl2 = copy_to_end(torch.tensor([0, 160, INT32_MIN, 160, 7, 160, 160, 2], dtype=torch.int32, device=DEV))
+    sink = copy_to_end(torch.randn(H, device=DEV))
+    for kernel in ("decode", "prefill"):
+        out, lse, cfg = run(q, swa, idx, kv_format=FP8_DS_MLA_V4, kernel=kernel, topk_length=tl1, attn_sink=sink,
+                            extra_kv_cache=cmp, extra_indices=idx2, extra_topk_length=tl2)
+        assert cfg.family == "tl"
+        ref, ref_lse = reference.sparse_mla_attention(
+            q, swa_clean, idx, SCALE, kv_format=FP8_DS_MLA_V4, topk_length=tl1, attn_sink=sink, return_lse=True,
+            extra_kv_cache=cmp_clean, extra_indices=idx2, extra_topk_length=tl2, out_dtype=torch.float32)
+        assert torch.isfinite(out).all() and not torch.isnan(lse).any(), kernel
+        err = (out.float() - ref).norm().item() / max(ref.norm().item(), 1e-30)
+        assert err <= OUT_TOL, f"{kernel}: relative error {err:.3e}"
+        assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), kernel
+
+
+@pytest.mark.memcheck
 def test_degenerate_caches_stay_in_bounds():
     """A cache of one slot (ending its allocation) and a cache of no slot at all, with garbage indices."""
     torch.manual_seed(6)
