@@ -21,8 +21,9 @@ page padded with zeros to a multiple of 576 bytes (:func:`quantize_fp8_ds_mla_v4
 attention kernels read it in place as kv_format ``"fp8_ds_mla_v4"`` (:data:`PAGED_KV_FORMATS`: a token is not a row
 of its own, so the format is never inferred from the dtype and must be named). vLLM holds such a cache as the uint8
 view ``[num_blocks, block_size, 584]`` (strides ``(block stride, 584, 1)``: the page's bytes, not its rows;
-:func:`v4_token_view`) and hands FlashMLA ``[num_blocks, block_size, 1, 584]``; the writer sees ``[num_blocks,
-page_bytes]``.
+:func:`v4_token_view`), hands FlashMLA ``[num_blocks, block_size, 1, 584]`` and its writer ``[num_blocks,
+block_size · 584]`` (the same bytes; the page's padding is in none of them). The e4m3 bytes are OCP e4m3 (vLLM's
+window cache on gfx942 is FNUZ e4m3 instead: another encoding, which the kernels do not read).
 
 The DSA indexer reads its own cache, vLLM's fp8 indexer layout: per block of ``block_size`` tokens, the
 ``block_size · 128`` e4m3 key values (token-major) followed by ``block_size`` float32 scales (``amax / 448`` per

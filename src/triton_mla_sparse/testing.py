@@ -1,7 +1,7 @@
 """Test fixtures shared by the tests, the benchmark, ``check`` and ``demo``: one copy of each.
 
 * paged layouts: :func:`random_block_table`, :func:`place` (the cache tensor layouts the API accepts),
-  :func:`place_v4` (DeepSeek-V4 pages in the views vLLM, FlashMLA and the writer use);
+  :func:`place_v4` (DeepSeek-V4 pages in the views vLLM, FlashMLA and vLLM's writer use);
 * slot lists: :func:`random_topk_positions` (distinct, optionally causal), turned into slots by
   :func:`triton_mla_sparse.topk_to_slots`;
 * cache encoders: :func:`encode_cache` for every attention format (:func:`v4_values` gives DeepSeek-V4 rows whose
@@ -115,22 +115,22 @@ def place(stored: torch.Tensor, layout: str) -> torch.Tensor:
     raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
 
 
-V4_LAYOUTS = ("vllm", "flashmla", "pages", "padded")
+V4_LAYOUTS = ("vllm", "flashmla", "writer", "padded")
 
 
 def place_v4(pages: torch.Tensor, block_size: int, layout: str) -> torch.Tensor:
     """DeepSeek-V4 pages (uint8 ``[nb, v4_page_bytes(block_size)]``, :func:`~triton_mla_sparse.formats.
     quantize_fp8_ds_mla_v4`) as a cache tensor of the given layout, on pages' device; slot ids are the same in all.
 
-    "pages" ``[nb, page_bytes]`` contiguous (the writer's view); "vllm" ``[nb, block_size, 584]`` (the view vLLM
-    holds, :func:`~triton_mla_sparse.formats.v4_token_view`); "flashmla" ``[nb, block_size, 1, 584]`` (what vLLM
-    hands FlashMLA); "padded": the vLLM view over a buffer of all-0xFF bytes (NaN in e4m3 and bfloat16, an infinite
+    "writer" ``[nb, block_size · 584]`` (vLLM's writer's view, the page stride apart); "vllm" ``[nb, block_size,
+    584]`` (the view vLLM holds, :func:`~triton_mla_sparse.formats.v4_token_view`); "flashmla" ``[nb, block_size, 1,
+    584]`` (what vLLM hands FlashMLA); "padded": the vLLM view over a buffer of all-0xFF bytes (NaN in e4m3 and bfloat16, an infinite
     scale in a footer) with a spare leading page and two spare rows' worth of bytes after each page, the page's own
     padding 0xFF too: only each page's first ``block_size · 584`` bytes hold data, so a read of anything else shows.
     """
     nb, width = pages.shape
-    if layout == "pages":
-        return pages.contiguous()
+    if layout == "writer":
+        return pages.contiguous()[:, :block_size * V4_TOKEN_BYTES]
     if layout == "vllm":
         return v4_token_view(pages.contiguous(), block_size)
     if layout == "flashmla":

@@ -385,16 +385,16 @@ def test_v4_pages_garbage_indices_stay_in_bounds():
     """DeepSeek-V4 pages (fp8_ds_mla_v4, the tl kernel): both caches in allocations that end at the last page's
     last footer byte (the page padding of every other page NaN bytes), garbage indices and lengths in both lists, a
     sink; decode and prefill against the reference on clean copies."""
-    from triton_mla_sparse.formats import FP8_DS_MLA_V4, V4_TOKEN_BYTES, quantize_fp8_ds_mla_v4, v4_page_bytes
+    from triton_mla_sparse.formats import (FP8_DS_MLA_V4, V4_TOKEN_BYTES, quantize_fp8_ds_mla_v4, v4_page_bytes,
+                                           v4_token_view)
 
     torch.manual_seed(9)
     T, H, bs = 8, 16, 64
 
     def pages_at_end(nb: int) -> tuple[torch.Tensor, torch.Tensor]:
-        clean = quantize_fp8_ds_mla_v4(torch.randn(nb, bs, 512)).to(DEV)
-        used, width = bs * V4_TOKEN_BYTES, v4_page_bytes(bs)
-        view = buffer_at_end((nb, bs, V4_TOKEN_BYTES), torch.uint8, strides=(width, V4_TOKEN_BYTES, 1))  # vLLM's
-        view.copy_(clean[:, :used].reshape(nb, bs, V4_TOKEN_BYTES))
+        clean = v4_token_view(quantize_fp8_ds_mla_v4(torch.randn(nb, bs, 512)).to(DEV), bs)  # vLLM's view
+        view = buffer_at_end(tuple(clean.shape), torch.uint8, strides=(v4_page_bytes(bs), V4_TOKEN_BYTES, 1))
+        view.copy_(clean)
         return view, clean
 
     swa, swa_clean = pages_at_end(3)

@@ -51,7 +51,9 @@ def portable_factory(family: str) -> MethodFactory:
                                       topk=c.topk, block_size=c.block_size, device_desc=family)
         if reasons:
             raise Unsupported("; ".join(reasons))
-        cfg = choose_config(c.rows, c.heads, c.topk, q.device, "auto", kv_format=fmt, arch=arch, q_dtype=q.dtype)
+        # both lists' length, as the API counts them (DeepSeek-V4 cases: window + compressed)
+        cfg = choose_config(c.rows, c.heads, c.topk + c.extra_topk, q.device, "auto", kv_format=fmt, arch=arch,
+                            q_dtype=q.dtype)
         # every field of the family's choice (split_len follows num_splits; the kernel is its own argument)
         over = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("kernel", "split_len")}
         out = torch.empty(q.shape[0], q.shape[1], D_V, dtype=q.dtype, device=q.device)

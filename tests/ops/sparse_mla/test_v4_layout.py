@@ -54,7 +54,7 @@ def add_extra(prob: Problem, topk2: int, block_size2: int, *, num_blocks2: int =
 @pytest.mark.parametrize("block_size,layout,kernel,H", [
     (64, "vllm", "decode", 16),
     (64, "flashmla", "prefill", 5),
-    (16, "pages", "decode", 20),
+    (16, "writer", "decode", 20),
     (16, "padded", "prefill", 7),
     (1, "padded", "decode", 3),
     (1, "vllm", "prefill", 16),
@@ -102,6 +102,21 @@ def test_extra_cache_in_v4_format(kernel, num_splits):
     ref_out, ref_lse = run_reference(prob, topk_length=tl, attn_sink=sink)
     assert_matches(out, lse, ref_out, ref_lse, **prob.tol, what=f"{kernel} {num_splits}")
     assert torch.isneginf(lse[2]).all() and (out[2] == 0).all()  # both lists empty in row 2
+
+
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_empty_main_list_with_a_full_extra_list(kernel):
+    """A row whose window list is empty (length 0, or only invalid ids) still attends to its compressed list (a
+    layer's first tokens: the compressed cache holds what the window does not); sinks ±inf."""
+    prob = v4_problem(3, 4, 16, 64, num_blocks=2, layout="padded")
+    prob.indices[1] = -1
+    add_extra(prob, 24, 2, num_blocks2=9, lengths=i32([24, 11, 100]))
+    tl = i32([0, 16, 16])
+    sink = torch.tensor([math.inf, -math.inf, 0.5, -2.0], device=DEVICE)
+    out, lse = run_kernel(prob, kernel, out=nan_out(3, 4), topk_length=tl, attn_sink=sink)
+    ref_out, ref_lse = run_reference(prob, topk_length=tl, attn_sink=sink)
+    assert_matches(out, lse, ref_out, ref_lse, **prob.tol, what=kernel)
+    assert torch.isfinite(lse[:2]).all()  # rows 0 and 1 see only their extra list
 
 
 def test_reference_matches_a_literal_loop():
@@ -174,9 +189,13 @@ def test_garbage_indices_never_read_outside_the_cache():
     idx = i32([[INT32_MAX, nb * bs, nb * bs - 1, -1, INT32_MIN], [0, nb * bs + 100, 5, 2 ** 30, nb * bs - 1]])
     with interpreter_memcheck() as mc:
         out, lse = run_kernel(Problem(q=q, kv_cache=view, indices=idx, softmax_scale=SCALE, kv_format=V4),
-                              "decode", extra_kv_cache=view, extra_indices=idx.flip(1).contiguous())
+                              "decode", out=nan_out(2, 3), extra_kv_cache=view, extra_indices=idx.flip(1).contiguous())
     assert mc.launches >= 1 and not mc.violations, mc.violations
-    assert torch.isfinite(out).all()
+    clean = F.v4_token_view(pages, bs)
+    ref_out, ref_lse = reference.sparse_mla_attention(q, clean, idx, SCALE, kv_format=V4, extra_kv_cache=clean,
+                                                      extra_indices=idx.flip(1).contiguous(), return_lse=True,
+                                                      compute_dtype=torch.float64, out_dtype=torch.float64)
+    assert_matches(out, lse, ref_out, ref_lse, what="garbage slots")
 
 
 # ------------------------------------------------------------------------------------------ validation
@@ -189,13 +208,18 @@ def _base():
 
 def _bad_cases():
     q, kv, pages, idx = _base()
-    odd = torch.zeros(pages.numel() + 1, dtype=torch.uint8, device=DEVICE)[1:].view(pages.shape)
+    odd = torch.zeros(pages.numel() + 1, dtype=torch.uint8, device=DEVICE)[1:].view(pages.shape)[:, :16 * 584]
     overlapping = pages.as_strided((2, 16, 584), (100, 584, 1))
     return q, idx, [
         (dict(kv_cache=kv.view(torch.int8)), "kv_cache: expected dtype torch.uint8"),
         (dict(kv_cache=kv.to(torch.bfloat16)), "kv_cache: expected dtype torch.uint8"),
         (dict(kv_cache=pages[:, :656 * 2].reshape(2, 2, 656)), "kv_cache: expected uint8"),
-        (dict(kv_cache=pages[:, :-1]), "kv_cache: expected uint8 .*no block size's page"),
+        (dict(kv_cache=pages[:, :-1]), "kv_cache: expected uint8 .*is no multiple of 584"),
+        # whole pages: the width of a padded page does not say the block size (66 · 576 bytes would be block size
+        # 65's page), so 2-D means vLLM's writer view [nb, block_size · 584] only
+        (dict(kv_cache=pages), "kv_cache: expected uint8 .*v4_token_view.*is no multiple of 584"),
+        (dict(kv_cache=torch.zeros(2, 66 * 576, dtype=torch.uint8, device=DEVICE)),
+         "kv_cache: expected uint8 .*is no multiple of 584"),
         (dict(kv_cache=pages[:, :16 * 576].reshape(2, 16, 576)), "kv_cache: expected uint8"),
         (dict(kv_cache=kv[:, ::2]), r"kv_cache: expected strides \(page stride, 584, 1\)"),
         (dict(kv_cache=overlapping), "kv_cache: expected a page stride of at least"),
@@ -228,7 +252,7 @@ def test_every_malformed_argument_is_one_value_error():
 
 
 def test_accepted_views_normalise_to_the_same_pages():
-    kv, pages = v4_cache(3, 16, "pages")
+    kv, pages = v4_cache(3, 16, "writer")
     q = torch.randn(1, 2, 512).half().to(DEVICE)
     idx = i32([[0, 47]])
     probs = [check_attention_inputs(q, place_v4(pages, 16, layout), idx, SCALE, kv_format=V4)

@@ -18,7 +18,7 @@ from ..._common.validate import MAX_GRID, check_paged_strides, desc, dtype_names
 from ...capabilities import (D_ROPES, MAX_HEADS, MAX_TOPK, Q_DTYPES, arch_for_device, describe_device,
                              unsupported_reasons)
 from ...formats import (ALL_KV_FORMATS, D_QK, D_ROPE, D_V, FP8_DS_MLA_V4, KV_FORMAT_DTYPES, V4_TOKEN_BYTES,
-                        infer_kv_format, kv_row_width, v4_block_size, v4_page_bytes)
+                        infer_kv_format, kv_row_width, v4_block_size)
 from .configs import choose_config, extra_cache_supported, gluon_supported, v4_supported
 
 __all__ = ["AttentionProblem", "check_attention_inputs", "sparse_mla_attention", "sparse_mla_attention_with_config"]
@@ -114,6 +114,7 @@ def _v4_hint(kv_cache):
     """A pointer to kv_format 'fp8_ds_mla_v4' for a uint8 cache shaped like DeepSeek-V4's (else empty)."""
     if kv_cache.dtype == torch.uint8 and ((kv_cache.dim() in (3, 4) and kv_cache.shape[-1] == V4_TOKEN_BYTES) or
                                           (kv_cache.dim() == 2 and v4_block_size(kv_cache.shape[1]) is not None)):
+        # also a 2-D tensor of whole pages: what quantize_fp8_ds_mla_v4 returns
         return f"; a DeepSeek-V4 cache ({V4_TOKEN_BYTES} bytes per token) needs kv_format={FP8_DS_MLA_V4!r}"
     return ""
 
@@ -157,15 +158,17 @@ def _check_kv(kv_cache, kv_format, d_rope, device, arg="kv_cache"):
 
 def _check_kv_v4(kv_cache, d_rope, arg):
     """DeepSeek-V4 pages in one of the views vLLM and FlashMLA use: ``[num_blocks, block_size, 584]`` (vLLM's,
-    strides (page stride, 584, 1)), ``[num_blocks, block_size, 1, 584]`` (FlashMLA's) or ``[num_blocks, page_bytes]``
-    (the writer's; page_bytes = v4_page_bytes(block_size)). Returns the pages as uint8 ``[num_blocks, block_size ·
-    584]`` (the bytes read: rows and footer), the format, the slot count and the block size."""
+    strides (page stride, 584, 1)), ``[num_blocks, block_size, 1, 584]`` (FlashMLA's) or ``[num_blocks, block_size ·
+    584]`` (vLLM's writer's, ``.view(num_blocks, -1)`` of the first; any page stride). A 2-D tensor of whole padded
+    pages is refused: its width would not say the block size (most multiples of 576 are some block size's page).
+    Returns the pages as uint8 ``[num_blocks, block_size · 584]`` (the bytes read: rows and footer), the format, the
+    slot count and the block size."""
     if d_rope:
         fail("q", f"D_qk {D_V} (q_nope [T, H, {D_V}] and no RoPE part) for kv_format {FP8_DS_MLA_V4!r} (DeepSeek-V4: "
              f"the RoPE values are the last 64 of the 512)", f"a RoPE part of {d_rope}")
     shapes = (f"uint8 [num_blocks, block_size, {V4_TOKEN_BYTES}] (vLLM's view), [num_blocks, block_size, 1, "
-              f"{V4_TOKEN_BYTES}] (FlashMLA's) or [num_blocks, page_bytes] with page_bytes = v4_page_bytes(block_size) "
-              f"(e.g. {v4_page_bytes(64)} for block size 64)")
+              f"{V4_TOKEN_BYTES}] (FlashMLA's) or [num_blocks, block_size · {V4_TOKEN_BYTES}] (vLLM's writer's; whole "
+              f"pages [num_blocks, v4_page_bytes(block_size)]: pass formats.v4_token_view(pages, block_size))")
     kv = kv_cache
     if kv.dim() == 4 and kv.shape[2] == 1:
         kv = kv[:, :, 0]
@@ -179,9 +182,9 @@ def _check_kv_v4(kv_cache, d_rope, arg):
         block_stride = kv.stride(0)
     elif kv.dim() == 2:
         nb, width = kv.shape
-        bs = v4_block_size(width)
-        if bs is None:
-            fail(arg, f"{shapes}; {width} bytes is no block size's page", kv_cache)
+        bs = width // V4_TOKEN_BYTES
+        if bs < 1 or width % V4_TOKEN_BYTES:
+            fail(arg, f"{shapes}; {width} bytes is no multiple of {V4_TOKEN_BYTES}", kv_cache)
         if kv.stride(1) != 1:
             fail(arg, "a unit stride in the last dimension", f"strides {tuple(kv_cache.stride())}")
         block_stride = kv.stride(0)

@@ -88,9 +88,11 @@ def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor
                     of 576 bytes (448 e4m3 NoPE values, 64 bfloat16 RoPE values) then ``block_size`` × 8 footer
                     bytes (7 UE8M0 exponents, scale 2^(byte − 127) per 64 NoPE values), as vLLM holds them
                     (``[num_blocks, block_size, 584]``, strides (page stride >= block_size · 584, 584, 1)), as
-                    FlashMLA takes them (``[num_blocks, block_size, 1, 584]``) or as the writer sees them
-                    (``[num_blocks, v4_page_bytes(block_size)]``). K = the 512 real values (e4m3 · scale, then the
-                    RoPE values), V = K; q must be 512 wide (no RoPE part).
+                    FlashMLA takes them (``[num_blocks, block_size, 1, 584]``) or as vLLM's writer sees them
+                    (``[num_blocks, block_size · 584]``, the page stride apart; a tensor of whole pages
+                    ``[num_blocks, v4_page_bytes(block_size)]`` is refused: its width does not say the block
+                    size). K = the 512 real values (e4m3 · scale, then the RoPE values), V = K; q must be 512 wide
+                    (no RoPE part).
       indices       int32 ``[T, topk]`` (or ``[T, 1, topk]``), global slot ids ``block · block_size + offset``.
                     A value < 0 or >= num_slots (= num_blocks · block_size) means "no token": it is skipped and its
                     row is never read. Any topk >= 1. A slot listed twice counts twice.
