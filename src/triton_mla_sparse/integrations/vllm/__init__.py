@@ -9,6 +9,8 @@ imports neither vLLM nor CUDA; the modules that need vLLM import it themselves:
   derived from :mod:`triton_mla_sparse.capabilities` (no vLLM);
 * :mod:`.backend` — the backend, metadata builder and impl classes (imports vLLM);
 * :mod:`.indexer` — the Triton ``SparseAttnIndexer`` (imports vLLM);
+* :mod:`.v4` — the DeepSeek-V4 / V4.1 build check on GPUs where vLLM's V4 path does not run (imports vLLM inside
+  functions);
 * :mod:`.select` — ``triton-mla-sparse select``: which sparse MLA backend vLLM selects, and why.
 
 The paths before this package (``triton_mla_sparse.integrations.vllm_backend``, ``…integrations.vllm_indexer``,

@@ -53,6 +53,11 @@ parses arguments. ``register`` is idempotent and never changes vLLM's files. It
    has no native one (below SM 8.9); ``TRITON_MLA_SPARSE_SOFT_FP8=auto|always|off``, see
    :mod:`triton_mla_sparse.integrations.vllm.fp8_compat`.
 
+5. on the CUDA platform, stops the build of a DeepSeek-V4 / V4.1 model with one ``ValueError`` naming the components
+   of vLLM 0.33's V4 path that do not run on the GPU (SM 8.x: FlashMLA, DeepGEMM, ...) instead of letting it fail
+   inside the kernels at run time; ``TRITON_MLA_SPARSE_DSV4=auto|off``, see
+   :mod:`triton_mla_sparse.integrations.vllm.v4`.
+
 A value of any of these variables outside its modes raises ``ValueError`` from :func:`register` (see
 :mod:`~triton_mla_sparse.integrations.vllm.policy`); any other failure is logged and leaves vLLM running. This
 module imports vLLM inside functions only.
@@ -71,6 +76,7 @@ from .policy import (
     BACKEND_CLASS_PATH,
     BACKEND_NAME,
     ROCM_PEER,
+    dsv4_mode,
     indexer_mode,
     logger,
     place_backend,
@@ -80,7 +86,8 @@ from .policy import (
 )
 
 __all__ = ["register", "backend_member", "install_priority_hook", "install_indexer", "install_soft_fp8",
-           "install_rocm_dsa_route", "EXPECTED_ROCM_PRIORITY_PARAMS", "ROCM_DSA_MODULE", "ROCM_DSA_GLOBAL"]
+           "install_dsv4_check", "install_rocm_dsa_route", "EXPECTED_ROCM_PRIORITY_PARAMS", "ROCM_DSA_MODULE",
+           "ROCM_DSA_GLOBAL"]
 
 #: Parameters of ``vllm.platforms.cuda._get_backend_priorities`` in vLLM 0.33.
 EXPECTED_PRIORITY_PARAMS = (
@@ -347,14 +354,27 @@ def install_soft_fp8() -> bool:
     return install(mode)
 
 
+def install_dsv4_check() -> bool:
+    """Stop DeepSeek-V4 / V4.1 builds on GPUs where vLLM's V4 path does not run (see :mod:`.v4`) unless
+    ``TRITON_MLA_SPARSE_DSV4=off`` or the platform is not CUDA. Returns whether the check is in place after the
+    call; a bad ``TRITON_MLA_SPARSE_DSV4`` raises ``ValueError``."""
+    if dsv4_mode() == "off":
+        return False
+    from .v4 import install
+
+    return install()
+
+
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. Idempotent; safe in every vLLM process and on every platform.
 
-    Raises ``ValueError`` when ``TRITON_MLA_SPARSE_PRIORITY``, ``TRITON_MLA_SPARSE_INDEXER`` or
-    ``TRITON_MLA_SPARSE_SOFT_FP8`` holds a value outside its modes; logs any other failure and returns."""
+    Raises ``ValueError`` when ``TRITON_MLA_SPARSE_PRIORITY``, ``TRITON_MLA_SPARSE_INDEXER``,
+    ``TRITON_MLA_SPARSE_SOFT_FP8`` or ``TRITON_MLA_SPARSE_DSV4`` holds a value outside its modes; logs any other
+    failure and returns."""
     priority_mode()  # a bad value stops here, before anything is registered
     indexer_mode()
     soft_fp8_mode()
+    dsv4_mode()
     try:
         _register_name()
     except Exception:  # never take vLLM's start-up down with us
@@ -378,3 +398,7 @@ def register() -> None:
         install_soft_fp8()
     except Exception:
         logger.exception("triton-mla-sparse: could not route vLLM's DSA fp8 casts through software; they stay native")
+    try:
+        install_dsv4_check()
+    except Exception:
+        logger.exception("triton-mla-sparse: could not add the DeepSeek-V4 GPU check; V4 models build as in vLLM")

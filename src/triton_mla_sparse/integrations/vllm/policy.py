@@ -4,7 +4,7 @@ Everything the backend accepts is derived from :mod:`triton_mla_sparse.capabilit
 own up-front check (``sparse_mla_attention``) reads: compute capabilities, q dtypes, head sizes (``D_v`` + each
 ``D_rope``), the model limits (``kv_lora_rank``, ``qk_rope_head_dim``, ``index_topk``, heads per GPU).
 
-The three environment variables are read through :func:`env_mode` only. Unset or empty means the default mode;
+The four environment variables are read through :func:`env_mode` only. Unset or empty means the default mode;
 the value is compared without case or surrounding spaces; any other value raises ``ValueError`` naming the variable
 and its modes (so :func:`~triton_mla_sparse.integrations.vllm.register` stops vLLM's start-up with that message):
 
@@ -14,7 +14,11 @@ and its modes (so :func:`~triton_mla_sparse.integrations.vllm.register` stops vL
   (see :mod:`triton_mla_sparse.integrations.vllm.indexer`);
 * ``TRITON_MLA_SPARSE_SOFT_FP8`` = ``auto`` | ``always`` | ``off``: whether vLLM's DSA Triton kernels cast to e4m3
   in software (``auto``: builds for CUDA targets below sm89; ``always``: every CUDA target; see
-  :mod:`triton_mla_sparse.integrations.vllm.fp8_compat`).
+  :mod:`triton_mla_sparse.integrations.vllm.fp8_compat`);
+* ``TRITON_MLA_SPARSE_DSV4`` = ``auto`` | ``off``: whether building a DeepSeek-V4 / V4.1 model on a GPU where vLLM
+  0.33 has no working path for some of its components stops with one ``ValueError`` naming them (``auto``) or is
+  left to vLLM (``off``: it then fails inside the kernels at run time); see
+  :mod:`triton_mla_sparse.integrations.vllm.v4`.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ __all__ = [
     "INDEXER_MODES",
     "SOFT_FP8_ENV",
     "SOFT_FP8_MODES",
+    "DSV4_ENV",
+    "DSV4_MODES",
     "SM120_PEER",
     "FASTEST_FIRST",
     "ROCM_PEER",
@@ -48,6 +54,7 @@ __all__ = [
     "priority_mode",
     "indexer_mode",
     "soft_fp8_mode",
+    "dsv4_mode",
     "batch_invariant",
     "model_reasons",
     "static_reasons",
@@ -67,10 +74,13 @@ INDEXER_ENV = "TRITON_MLA_SPARSE_INDEXER"
 INDEXER_MODES = ("auto", "always", "off")
 SOFT_FP8_ENV = "TRITON_MLA_SPARSE_SOFT_FP8"
 SOFT_FP8_MODES = ("auto", "always", "off")
+DSV4_ENV = "TRITON_MLA_SPARSE_DSV4"
+DSV4_MODES = ("auto", "off")
 _ENV_MODES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     PRIORITY_ENV: (PRIORITY_MODES, {"auto": "default"}),
     INDEXER_ENV: (INDEXER_MODES, {}),
     SOFT_FP8_ENV: (SOFT_FP8_MODES, {}),
+    DSV4_ENV: (DSV4_MODES, {}),
 }
 #: The one vLLM sparse backend that precedes ours on SM 12.x.
 SM120_PEER = "FLASHINFER_MLA_SPARSE_SM120"
@@ -108,9 +118,9 @@ logger = logging.getLogger("vllm.plugins.triton_mla_sparse")
 
 
 def env_mode(name: str) -> str:
-    """The mode set by environment variable ``name`` (:data:`PRIORITY_ENV`, :data:`INDEXER_ENV` or
-    :data:`SOFT_FP8_ENV`); see the module
-    docstring. Raises ``ValueError`` for a value that is not one of the variable's modes."""
+    """The mode set by environment variable ``name`` (:data:`PRIORITY_ENV`, :data:`INDEXER_ENV`,
+    :data:`SOFT_FP8_ENV` or :data:`DSV4_ENV`); see the module docstring. Raises ``ValueError`` for a value that is
+    not one of the variable's modes."""
     modes, aliases = _ENV_MODES[name]
     raw = os.environ.get(name, "").strip().lower()
     if not raw:
@@ -134,6 +144,11 @@ def indexer_mode() -> str:
 def soft_fp8_mode() -> str:
     """The software-e4m3 mode from ``TRITON_MLA_SPARSE_SOFT_FP8`` (:func:`env_mode`)."""
     return env_mode(SOFT_FP8_ENV)
+
+
+def dsv4_mode() -> str:
+    """The DeepSeek-V4 build-check mode from ``TRITON_MLA_SPARSE_DSV4`` (:func:`env_mode`)."""
+    return env_mode(DSV4_ENV)
 
 
 def batch_invariant() -> bool:

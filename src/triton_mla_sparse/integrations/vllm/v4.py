@@ -1,0 +1,283 @@
+"""DeepSeek-V4 / V4.1 on GPUs where vLLM 0.33's model cannot run: one error when the model is built.
+
+vLLM 0.33 builds DeepSeek-V4 (``vllm.models.deepseek_v4``) and V4.1 (``vllm.models.deepseek_v41``) on the CUDA
+platform from its ``nvidia`` model modules on every GPU. Each decoder layer (main model, MTP and DSpark drafters)
+asks the module's ``_select_dsv4_attn_cls(vllm_config)`` for its attention class: FlashInfer on SM 12.x, FlashMLA
+(or, for V4.1 on SM 10.x, FlashMLA mega attention) everywhere else. Nothing checks the GPU, so on SM 8.0/8.6/8.9
+the model builds and then fails inside the kernels at run time. :data:`COMPONENTS` lists each piece of that path
+that needs a newer GPU, with the lowest compute capability it runs on; the later routing work replaces a row's
+rejection by a route to portable code.
+
+:func:`install` (called by :func:`triton_mla_sparse.integrations.vllm.register` on vLLM's CUDA platform) wraps
+``_select_dsv4_attn_cls`` of both model modules: when the module is already imported at once, otherwise when it is
+(an import hook, so that ``register`` does not import the models in every vLLM process). The wrapper reads the
+device capability exactly as vLLM's function does (the module's ``current_platform``) and, where a component of
+that model needs more, raises one ``ValueError`` naming every such component — the error type vLLM's own function
+raises for a configuration it cannot serve (an unsuitable ``--attention-backend``). It is raised while the first
+decoder layer is built, before any weight is allocated or loaded. On every other capability (or when the
+capability is unknown) vLLM's function runs unchanged.
+
+Switch: ``TRITON_MLA_SPARSE_DSV4`` = ``auto`` (default: the check above) | ``off`` (nothing is wrapped; vLLM then
+fails at run time as without the plugin), read by :func:`install`. Where vLLM's function is missing or has another
+signature than vLLM 0.33's, one warning is logged and that module is left alone. This module imports vLLM inside
+functions only and never touches CUDA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.abc
+import importlib.machinery
+import inspect
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+from .policy import DSV4_ENV, dsv4_mode, logger
+
+__all__ = ["Component", "COMPONENTS", "MODEL_MODULES", "HOOK_NAME", "EXPECTED_HOOK_PARAMS", "blocking_components",
+           "error_message", "check_capability", "wrap_module", "install", "uninstall", "installed_modules"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Component:
+    """A piece of vLLM 0.33's DeepSeek-V4 path that runs only from ``min_capability`` on."""
+
+    name: str
+    #: Where vLLM calls it (the function or kernel that fails below ``min_capability``).
+    vllm_function: str
+    min_capability: tuple[int, int]
+    #: The models whose path uses it (``"DeepSeek-V4"``, ``"DeepSeek-V4.1"``).
+    models: tuple[str, ...]
+    note: str
+
+
+V4 = "DeepSeek-V4"
+V41 = "DeepSeek-V4.1"
+
+#: What vLLM 0.33's CUDA DeepSeek-V4 / V4.1 path needs that not every GPU has. SM 12.x runs all of it (FlashInfer's
+#: SM120 attention, DeepGEMM built for arch 9/10/12), so only capabilities below a row's minimum are rejected.
+COMPONENTS: tuple[Component, ...] = (
+    Component(
+        "sparse MLA attention (FlashMLA)",
+        "vllm.v1.attention.ops.flashmla.flash_mla_sparse_fwd",
+        (9, 0), (V4, V41),
+        "DeepseekV4FlashMLAAttention (flash_mla_sparse_fwd, flash_mla_with_kvcache): built for SM90/SM100; "
+        "_select_dsv4_attn_cls picks it on every GPU but SM 12.x (FlashInfer there). triton-mla-sparse reads V4's "
+        "cache (fp8_ds_mla_v4) but is not routed yet."),
+    Component(
+        "indexer logits (DeepGEMM fp8_fp4_mqa_logits / fp8_fp4_paged_mqa_logits)",
+        "vllm.utils.deep_gemm.fp8_fp4_paged_mqa_logits",
+        (9, 0), (V4, V41),
+        "Called by vllm.model_executor.layers.sparse_attn_indexer.sparse_attn_indexer (SparseAttnIndexer); "
+        "DeepGEMM runs on arch 9/10/12 only. The plugin's Triton indexer does not take compressed (V4) or "
+        "two-level candidate (V4.1) indexer caches yet (it rejects them at construction)."),
+    Component(
+        "o_proj fp8 einsum (DeepGEMM fp8_einsum)",
+        "vllm.utils.deep_gemm.fp8_einsum",
+        (9, 0), (V4, V41),
+        "vllm.models.deepseek_v4.nvidia.ops.o_proj.deep_gemm_fp8_o_proj: the grouped wo_a projection of every "
+        "attention layer (FlashMLA and FlashInfer classes); no fallback in vLLM."),
+    Component(
+        "mHC first-layer prenorm GEMM (DeepGEMM tf32_hc_prenorm_gemm)",
+        "vllm.utils.deep_gemm.tf32_hc_prenorm_gemm",
+        (9, 0), (V4,),
+        "vllm.model_executor.kernels.mhc.tilelang.mhc_pre_broadcast_tilelang (V4's first layer) passes "
+        "use_tilelang_fallback=False; the other layers (and V4.1's mhc_pre_delayed_tilelang) fall back to "
+        "TileLang where DeepGEMM is unsupported."),
+    Component(
+        "KV compressor (CuTeDSL)",
+        "vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl",
+        (8, 9), (V4,),
+        "DeepseekCompressor with head dim 512 on CUDA always takes it; it packs e4m3 with "
+        "cvt.rn.satfinite.e4m3x2.f32, a PTX instruction of sm_89+. V4.1 compresses with Triton (next row)."),
+    Component(
+        "fp8 casts in V4's Triton kernels (tl.float8e4nv)",
+        "vllm.models.deepseek_v4.common.ops, vllm.models.deepseek_v41.common.ops",
+        (8, 9), (V4, V41),
+        "Cache inserts, compressor quantization, indexer q, inverse-RoPE fp8 quant: Triton has no native e4m3 "
+        "conversion before sm_89; the plugin's software cast (TRITON_MLA_SPARSE_SOFT_FP8) covers only "
+        "DeepSeek-V3.2's kernels so far."),
+)
+
+#: vLLM 0.33's CUDA model modules whose ``_select_dsv4_attn_cls`` every decoder layer calls, and their model.
+MODEL_MODULES: dict[str, str] = {
+    "vllm.models.deepseek_v4.nvidia.model": V4,
+    "vllm.models.deepseek_v41.nvidia.model": V41,
+}
+HOOK_NAME = "_select_dsv4_attn_cls"
+#: Parameters of ``_select_dsv4_attn_cls`` in vLLM 0.33 (both modules).
+EXPECTED_HOOK_PARAMS = ("vllm_config",)
+_WRAPPED_MARK = "_triton_mla_sparse_dsv4_check"
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, msg: str, *args: Any) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(msg, *args)
+
+
+def _cap(capability: Any) -> tuple[int, int]:
+    """(major, minor) of vLLM's ``DeviceCapability`` or a pair."""
+    major, minor = (capability.major, capability.minor) if hasattr(capability, "major") else capability
+    return int(major), int(minor)
+
+
+def blocking_components(capability: Any, model: str = V4,
+                        components: Sequence[Component] = COMPONENTS) -> list[Component]:
+    """The components of ``model``'s path (:data:`COMPONENTS` by default) that do not run at ``capability``
+    (a ``DeviceCapability`` or a ``(major, minor)`` pair)."""
+    cap = _cap(capability)
+    return [c for c in components if model in c.models and cap < c.min_capability]
+
+
+def error_message(capability: Any, model: str, blocking: Sequence[Component]) -> str:
+    """The text of the build error for ``model`` at ``capability`` with these blocking components."""
+    major, minor = _cap(capability)
+    lines = [f"triton-mla-sparse: {model} cannot run on this GPU (compute capability {major}.{minor}) with vLLM "
+             f"0.33: these components of its model need a newer GPU and would fail inside their kernels at run "
+             f"time:"]
+    for c in blocking:
+        lines.append(f"  - {c.name} ({c.vllm_function}): needs compute capability "
+                     f"{c.min_capability[0]}.{c.min_capability[1]} or newer")
+    lines.append(f"triton-mla-sparse does not route {model} to portable kernels on this GPU yet. Use a GPU with "
+                 f"compute capability 9.0, 10.x or 12.x, or set {DSV4_ENV}=off to let vLLM build the model anyway "
+                 f"(it then fails at run time).")
+    return "\n".join(lines)
+
+
+def check_capability(capability: Any, model: str) -> None:
+    """Raise the build error (``ValueError``) when a component of ``model`` does not run at ``capability``; None
+    (capability unknown) passes."""
+    if capability is None:
+        return
+    blocking = blocking_components(capability, model)
+    if blocking:
+        raise ValueError(error_message(capability, model, blocking))
+
+
+def _make_wrapper(original: Callable[..., Any], module: ModuleType, model: str) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _select_dsv4_attn_cls(vllm_config: Any) -> Any:
+        platform = getattr(module, "current_platform", None)
+        if platform is None:
+            from vllm.platforms import current_platform as platform
+        if platform.is_cuda():
+            check_capability(platform.get_device_capability(), model)
+        return original(vllm_config)
+
+    setattr(_select_dsv4_attn_cls, _WRAPPED_MARK, True)
+    return _select_dsv4_attn_cls
+
+
+def wrap_module(module: ModuleType, model: str | None = None) -> bool:
+    """Wrap ``module._select_dsv4_attn_cls`` (idempotent). ``model`` defaults to :data:`MODEL_MODULES`' entry for
+    the module. Returns whether the wrapper is in place after the call; a missing function or another signature
+    than vLLM 0.33's logs one warning and leaves the module alone."""
+    model = model or MODEL_MODULES.get(module.__name__, V4)
+    current = getattr(module, HOOK_NAME, None)
+    if current is not None and getattr(current, _WRAPPED_MARK, False):
+        return True
+    if current is None or not callable(current):
+        _warn_once(f"missing:{module.__name__}",
+                   "triton-mla-sparse: %s.%s is missing (not vLLM 0.33); %s is built without the plugin's GPU "
+                   "check and may fail at run time on GPUs below SM 9.0.", module.__name__, HOOK_NAME, model)
+        return False
+    try:
+        params = tuple(inspect.signature(current).parameters)
+    except (TypeError, ValueError):
+        params = ()
+    if params != EXPECTED_HOOK_PARAMS:
+        _warn_once(f"signature:{module.__name__}",
+                   "triton-mla-sparse: %s.%s%s differs from the vLLM 0.33 signature %s; %s is built without the "
+                   "plugin's GPU check and may fail at run time on GPUs below SM 9.0.",
+                   module.__name__, HOOK_NAME, params, EXPECTED_HOOK_PARAMS, model)
+        return False
+    setattr(module, HOOK_NAME, _make_wrapper(current, module, model))
+    return True
+
+
+class _WrapOnImport(importlib.abc.MetaPathFinder):
+    """Wraps each module of ``targets`` right after it is first executed (its loader's ``exec_module``)."""
+
+    def __init__(self) -> None:
+        self.targets: dict[str, str] = {}
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        model = self.targets.get(fullname)
+        if model is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        # One file loader object per spec: patching its exec_module touches this import only.
+        if isinstance(loader, (importlib.machinery.SourceFileLoader, importlib.machinery.SourcelessFileLoader)):
+            exec_module = loader.exec_module
+
+            def _exec_module(module: ModuleType) -> None:
+                exec_module(module)
+                try:
+                    wrap_module(module, model)
+                except Exception:  # never break vLLM's import
+                    logger.exception("triton-mla-sparse: could not add the GPU check to %s.%s", fullname,
+                                     HOOK_NAME)
+
+            loader.exec_module = _exec_module  # type: ignore[method-assign]
+        return spec
+
+
+_finder = _WrapOnImport()
+
+
+def installed_modules() -> dict[str, str]:
+    """The modules :func:`install` watches (name -> model); empty when not installed."""
+    return dict(_finder.targets) if _finder in sys.meta_path else {}
+
+
+def install(mode: str | None = None, modules: dict[str, str] | None = None) -> bool:
+    """Add the build check to ``modules`` (default :data:`MODEL_MODULES`: name -> model) for ``mode`` (default:
+    ``TRITON_MLA_SPARSE_DSV4``; a bad value raises ``ValueError``). ``auto`` installs only on vLLM's CUDA platform.
+    Modules already imported are wrapped now, the others when they are imported. Returns whether the check is in
+    place (or waits for the import) for every module after the call."""
+    mode = dsv4_mode() if mode is None else mode
+    if mode not in ("auto", "off"):
+        raise ValueError(f"mode: expected one of ('auto', 'off'), got {mode!r}")
+    if mode == "off":
+        return False
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return False
+    targets = dict(MODEL_MODULES if modules is None else modules)
+    ok = True
+    for name, model in targets.items():
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            ok = wrap_module(loaded, model) and ok
+        else:
+            _finder.targets[name] = model
+    if _finder.targets and _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    return ok
+
+
+def uninstall(modules: dict[str, str] | None = None) -> None:
+    """Put vLLM's functions back in ``modules`` (default: :data:`MODEL_MODULES`) and stop watching imports (for
+    tests)."""
+    for name in (MODEL_MODULES if modules is None else modules):
+        _finder.targets.pop(name, None)
+        mod = sys.modules.get(name)
+        current = getattr(mod, HOOK_NAME, None) if mod is not None else None
+        if current is not None and getattr(current, _WRAPPED_MARK, False):
+            setattr(mod, HOOK_NAME, current.__wrapped__)
+    if not _finder.targets and _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
