@@ -1,0 +1,234 @@
+"""The DeepSeek-V4 / V4.1 build check (:mod:`triton_mla_sparse.integrations.vllm.v4`) against the real vLLM 0.33.0
+model modules: only the device capability is simulated (vLLM's CUDA platform class answering for it, as in
+``triton-mla-sparse select``)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import sys
+
+import pytest
+
+from triton_mla_sparse.integrations.vllm import plugin, policy, v4
+from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
+
+MODULES = {"DeepSeek-V4": "vllm.models.deepseek_v4.nvidia.model",
+           "DeepSeek-V4.1": "vllm.models.deepseek_v41.nvidia.model"}
+# A fragment of each component's line in the error, and the models (and capabilities below which) it blocks.
+FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, CASTS = ("FlashMLA", "fp8_fp4_paged_mqa_logits", "fp8_einsum",
+                                                      "tf32_hc_prenorm_gemm", "CuTeDSL", "float8e4nv")
+EXPECTED = {
+    ("DeepSeek-V4", (8, 0)): {FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, CASTS},
+    ("DeepSeek-V4", (8, 6)): {FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, CASTS},
+    ("DeepSeek-V4", (8, 9)): {FLASHMLA, INDEXER, EINSUM, MHC},
+    ("DeepSeek-V4.1", (8, 0)): {FLASHMLA, INDEXER, EINSUM, CASTS},
+    ("DeepSeek-V4.1", (8, 6)): {FLASHMLA, INDEXER, EINSUM, CASTS},
+    ("DeepSeek-V4.1", (8, 9)): {FLASHMLA, INDEXER, EINSUM},
+}
+ALL = {FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, CASTS}
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def v4_log(monkeypatch):
+    handler = _Records()
+    policy.logger.addHandler(handler)
+    monkeypatch.setattr(v4, "_warned", set())
+    yield handler.records
+    policy.logger.removeHandler(handler)
+
+
+@pytest.fixture(scope="module")
+def models(cuda_platform_module):
+    """vLLM's two CUDA model modules (imported, not wrapped)."""
+    v4.uninstall()
+    mods = {model: importlib.import_module(name) for model, name in MODULES.items()}
+    yield mods
+    v4.uninstall()
+
+
+@pytest.fixture
+def checked(models, cuda_platform_module, monkeypatch):
+    """The check installed as ``register()`` installs it in a CUDA process; removed afterwards."""
+    monkeypatch.delenv(policy.DSV4_ENV, raising=False)
+    with _cuda_platform_for(cuda_platform_module, 9, 0, True):
+        assert plugin.install_dsv4_check()
+    yield models
+    v4.uninstall()
+
+
+def _select(cuda_mod, module, capability):
+    from vllm.config import VllmConfig
+
+    with _cuda_platform_for(cuda_mod, *capability, True):
+        return module._select_dsv4_attn_cls(VllmConfig())
+
+
+@pytest.mark.parametrize("model,capability", sorted(EXPECTED))
+def test_the_build_stops_with_one_error_naming_each_component(checked, cuda_platform_module, model, capability):
+    with pytest.raises(ValueError) as info:
+        _select(cuda_platform_module, checked[model], capability)
+    msg = str(info.value)
+    assert msg.startswith(f"triton-mla-sparse: {model} cannot run on this GPU (compute capability "
+                          f"{capability[0]}.{capability[1]})")
+    for fragment in EXPECTED[model, capability]:
+        assert fragment in msg
+    for fragment in ALL - EXPECTED[model, capability]:
+        assert fragment not in msg
+    assert msg.count("\n  - ") == len(EXPECTED[model, capability])
+    assert f"does not route {model} to portable kernels" in msg and f"{policy.DSV4_ENV}=off" in msg
+
+
+@pytest.mark.parametrize("model", sorted(MODULES))
+@pytest.mark.parametrize("capability", [(9, 0), (10, 0), (12, 0)])
+def test_no_change_where_vllms_path_runs(checked, cuda_platform_module, model, capability):
+    module = checked[model]
+    got = _select(cuda_platform_module, module, capability)
+    from vllm.config import VllmConfig
+
+    with _cuda_platform_for(cuda_platform_module, *capability, True):
+        assert got is module._select_dsv4_attn_cls.__wrapped__(VllmConfig())
+    assert got.__name__ == ("DeepseekV4FlashInferSM120Attention" if capability[0] == 12
+                            else "DeepseekV4FlashMLAAttention")
+
+
+def test_the_check_sits_on_the_decoder_layers_build_path(models):
+    # Each model's decoder layer (also the MTP / DSpark drafters' block) calls the module global at construction.
+    for model, module in models.items():
+        layer = module.DeepseekV4DecoderLayer
+        assert layer.__module__ == MODULES[model]
+        assert v4.HOOK_NAME in layer.__init__.__code__.co_names
+
+
+def _exists(path: str) -> bool:
+    """Whether ``path`` is a module (found, not imported) or an attribute of an importable module."""
+    try:
+        if importlib.util.find_spec(path) is not None:
+            return True
+    except ModuleNotFoundError:  # the parent is a module, not a package
+        pass
+    parent, attr = path.rsplit(".", 1)
+    return hasattr(importlib.import_module(parent), attr)
+
+
+def test_every_component_names_code_in_vllm(cuda_platform_module):
+    for c in v4.COMPONENTS:
+        for path in c.vllm_function.split(", "):
+            assert _exists(path), (c.name, path)
+
+
+def test_unknown_or_newer_capabilities_pass():
+    v4.check_capability(None, "DeepSeek-V4")
+    for cap in [(9, 0), (10, 0), (10, 3), (12, 0), (12, 1)]:
+        assert v4.blocking_components(cap, "DeepSeek-V4") == []
+        assert v4.blocking_components(cap, "DeepSeek-V4.1") == []
+
+
+def test_off_leaves_vllms_function_untouched(models, cuda_platform_module, monkeypatch):
+    v4.uninstall()
+    originals = {model: module._select_dsv4_attn_cls for model, module in models.items()}
+    monkeypatch.setenv(policy.DSV4_ENV, " OFF ")
+    with _cuda_platform_for(cuda_platform_module, 8, 6, True):
+        assert plugin.install_dsv4_check() is False
+        assert v4.install() is False
+    assert v4.installed_modules() == {}
+    for model, module in models.items():
+        assert module._select_dsv4_attn_cls is originals[model]
+        assert not hasattr(module._select_dsv4_attn_cls, "__wrapped__")
+
+
+def test_not_installed_off_cuda(models, monkeypatch):
+    v4.uninstall()
+    monkeypatch.delenv(policy.DSV4_ENV, raising=False)
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(current_platform, "is_cuda", lambda: False)
+    assert plugin.install_dsv4_check() is False
+    assert not hasattr(models["DeepSeek-V4"]._select_dsv4_attn_cls, "__wrapped__")
+
+
+def test_a_bad_value_stops_register(monkeypatch):
+    monkeypatch.setenv(policy.DSV4_ENV, "yes")
+    with pytest.raises(ValueError, match=policy.DSV4_ENV):
+        plugin.register()
+
+
+def test_install_is_idempotent(checked, cuda_platform_module):
+    wrapped = {model: module._select_dsv4_attn_cls for model, module in checked.items()}
+    with _cuda_platform_for(cuda_platform_module, 9, 0, True):
+        assert plugin.install_dsv4_check()
+    for model, module in checked.items():
+        assert module._select_dsv4_attn_cls is wrapped[model]
+        assert not hasattr(module._select_dsv4_attn_cls.__wrapped__, "__wrapped__")
+
+
+@pytest.fixture
+def fake_model(tmp_path, monkeypatch, cuda_platform_module):
+    """A module shaped like vLLM's model module, importable by name, watched by the check (not yet imported)."""
+    name = "tms_fake_dsv4_model"
+    (tmp_path / f"{name}.py").write_text(
+        "from vllm.platforms import current_platform\n\n\n"
+        "def _select_dsv4_attn_cls(vllm_config):\n"
+        "    return ('picked', vllm_config)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    with _cuda_platform_for(cuda_platform_module, 9, 0, True):
+        assert v4.install(mode="auto", modules={name: "DeepSeek-V4"})
+    assert name not in sys.modules and v4.installed_modules() == {name: "DeepSeek-V4"}
+    yield name
+    v4.uninstall({name: "DeepSeek-V4"})
+    sys.modules.pop(name, None)
+    assert v4.installed_modules() == {}
+
+
+def test_a_module_imported_later_is_wrapped_on_import(fake_model, cuda_platform_module):
+    module = importlib.import_module(fake_model)
+    assert module._select_dsv4_attn_cls.__wrapped__.__module__ == fake_model
+    with _cuda_platform_for(cuda_platform_module, 8, 9, True):
+        with pytest.raises(ValueError, match="compute capability 8.9"):
+            module._select_dsv4_attn_cls("cfg")
+    with _cuda_platform_for(cuda_platform_module, 10, 0, True):
+        assert module._select_dsv4_attn_cls("cfg") == ("picked", "cfg")
+
+
+def test_a_missing_function_is_logged_once_and_skipped(v4_log):
+    import types
+
+    module = types.ModuleType("tms_fake_missing")
+    assert v4.wrap_module(module, "DeepSeek-V4") is False
+    assert v4.wrap_module(module, "DeepSeek-V4") is False
+    assert not hasattr(module, v4.HOOK_NAME)
+    warned = [r for r in v4_log if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "is missing" in warned[0].getMessage()
+
+
+def test_another_signature_is_logged_once_and_skipped(v4_log):
+    import types
+
+    def _select_dsv4_attn_cls(vllm_config, device_capability):
+        return None
+
+    module = types.ModuleType("tms_fake_other_signature")
+    module._select_dsv4_attn_cls = _select_dsv4_attn_cls
+    assert v4.wrap_module(module, "DeepSeek-V4") is False
+    assert v4.wrap_module(module, "DeepSeek-V4") is False
+    assert module._select_dsv4_attn_cls is _select_dsv4_attn_cls
+    warned = [r for r in v4_log if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "differs from the vLLM 0.33 signature" in warned[0].getMessage()
+
+
+def test_register_installs_the_check(cuda_platform_module, monkeypatch):
+    calls = []
+    monkeypatch.setattr(plugin, "install_dsv4_check", lambda: calls.append(True) or False)
+    plugin.register()
+    assert calls == [True]
