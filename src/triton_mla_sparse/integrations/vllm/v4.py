@@ -232,6 +232,9 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
                                      HOOK_NAME)
 
             loader.exec_module = _exec_module  # type: ignore[method-assign]
+        else:
+            _warn_once(f"loader:{fullname}", "triton-mla-sparse: %s is loaded by %r, not from a file; %s is built "
+                       "without the plugin's GPU check.", fullname, loader, model)
         return spec
 
 
