@@ -5,7 +5,7 @@ imports neither vLLM nor CUDA; the modules that need vLLM import it themselves:
 
 * :mod:`.plugin` — :func:`register`: backend registration, the CUDA and ROCm priority hooks, the indexer
   installation;
-* :mod:`.policy` — names, the two environment variables, the priority policy and the backend's declarations, all
+* :mod:`.policy` — names, the environment variables, the priority policy and the backend's declarations, all
   derived from :mod:`triton_mla_sparse.capabilities` (no vLLM);
 * :mod:`.backend` — the backend, metadata builder and impl classes (imports vLLM);
 * :mod:`.indexer` — the Triton ``SparseAttnIndexer`` (imports vLLM);
