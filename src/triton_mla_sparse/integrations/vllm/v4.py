@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from .policy import DSV4_ENV, dsv4_mode, logger
+from .policy import DSV4_ENV, DSV4_MODES, dsv4_mode, logger
 
 __all__ = ["Component", "COMPONENTS", "MODEL_MODULES", "HOOK_NAME", "EXPECTED_HOOK_PARAMS", "blocking_components",
            "error_message", "check_capability", "wrap_module", "install", "uninstall", "installed_modules"]
@@ -252,8 +252,8 @@ def install(mode: str | None = None, modules: dict[str, str] | None = None) -> b
     Modules already imported are wrapped now, the others when they are imported. Returns whether the check is in
     place (or waits for the import) for every module after the call."""
     mode = dsv4_mode() if mode is None else mode
-    if mode not in ("auto", "off"):
-        raise ValueError(f"mode: expected one of ('auto', 'off'), got {mode!r}")
+    if mode not in DSV4_MODES:
+        raise ValueError(f"mode: expected one of {DSV4_MODES}, got {mode!r}")
     if mode == "off":
         return False
     from vllm.platforms import current_platform
