@@ -10,6 +10,7 @@ reason; with ``TMS_VLLM_REQUIRED=1`` (set by the script) they fail instead.
 
 from __future__ import annotations
 
+import logging
 import os
 from importlib.metadata import PackageNotFoundError, version
 
@@ -89,6 +90,20 @@ def vi():
 
     assert vllm_indexer.install()
     return vllm_indexer
+
+
+@pytest.fixture
+def plugin_log(monkeypatch):
+    """The plugin's log records during the test (every level), its warn-once memory emptied first."""
+    from triton_mla_sparse.integrations.vllm import policy
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    policy.logger.addHandler(handler)
+    monkeypatch.setattr(policy, "_warned", set())
+    yield records
+    policy.logger.removeHandler(handler)
 
 
 @pytest.fixture

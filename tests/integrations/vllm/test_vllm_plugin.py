@@ -29,24 +29,6 @@ def fresh_priorities(cuda_platform_module, monkeypatch):
     cuda_platform_module._get_backend_priorities.cache_clear()
 
 
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-
-@pytest.fixture
-def plugin_log(monkeypatch):
-    handler = _Records()
-    policy.logger.addHandler(handler)
-    monkeypatch.setattr(plugin, "_warned", set())
-    yield handler.records
-    policy.logger.removeHandler(handler)
-
-
 def test_entry_point_is_installed():
     (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "triton_mla_sparse"]
     assert ep.value == "triton_mla_sparse.integrations.vllm:register"

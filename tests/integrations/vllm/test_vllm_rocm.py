@@ -119,7 +119,7 @@ def test_rocm_unexpected_signature_warns_once(rocm, monkeypatch):
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append
     policy.logger.addHandler(handler)
-    monkeypatch.setattr(plugin, "_warned", set())
+    monkeypatch.setattr(policy, "_warned", set())
     try:
         def _get_backend_priorities(use_mla, use_sparse, use_kv_connector=False, device_capability=None):
             return ["X"]

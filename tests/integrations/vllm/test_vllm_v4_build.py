@@ -30,24 +30,6 @@ EXPECTED = {
 ALL = {FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, CASTS}
 
 
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-
-@pytest.fixture
-def v4_log(monkeypatch):
-    handler = _Records()
-    policy.logger.addHandler(handler)
-    monkeypatch.setattr(v4, "_warned", set())
-    yield handler.records
-    policy.logger.removeHandler(handler)
-
-
 @pytest.fixture(scope="module")
 def models(cuda_platform_module):
     """vLLM's two CUDA model modules (imported, not wrapped)."""
@@ -201,18 +183,18 @@ def test_a_module_imported_later_is_wrapped_on_import(fake_model, cuda_platform_
         assert module._select_dsv4_attn_cls("cfg") == ("picked", "cfg")
 
 
-def test_a_missing_function_is_logged_once_and_skipped(v4_log):
+def test_a_missing_function_is_logged_once_and_skipped(plugin_log):
     import types
 
     module = types.ModuleType("tms_fake_missing")
     assert v4.wrap_module(module, "DeepSeek-V4") is False
     assert v4.wrap_module(module, "DeepSeek-V4") is False
     assert not hasattr(module, v4.HOOK_NAME)
-    warned = [r for r in v4_log if r.levelno == logging.WARNING]
+    warned = [r for r in plugin_log if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "is missing" in warned[0].getMessage()
 
 
-def test_another_signature_is_logged_once_and_skipped(v4_log):
+def test_another_signature_is_logged_once_and_skipped(plugin_log):
     import types
 
     def _select_dsv4_attn_cls(vllm_config, device_capability):
@@ -223,7 +205,7 @@ def test_another_signature_is_logged_once_and_skipped(v4_log):
     assert v4.wrap_module(module, "DeepSeek-V4") is False
     assert v4.wrap_module(module, "DeepSeek-V4") is False
     assert module._select_dsv4_attn_cls is _select_dsv4_attn_cls
-    warned = [r for r in v4_log if r.levelno == logging.WARNING]
+    warned = [r for r in plugin_log if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "differs from the vLLM 0.33 signature" in warned[0].getMessage()
 
 

@@ -83,6 +83,7 @@ from .policy import (
     policy_index,
     priority_mode,
     soft_fp8_mode,
+    warn_once,
 )
 
 __all__ = ["register", "backend_member", "install_priority_hook", "install_indexer", "install_soft_fp8",
@@ -103,13 +104,6 @@ EXPECTED_PRIORITY_PARAMS = (
 EXPECTED_ROCM_PRIORITY_PARAMS = ("use_mla", "use_sparse", "use_kv_connector")
 PLATFORMS = ("cuda", "rocm")
 _WRAPPED_MARK = "_triton_mla_sparse_wrapped"
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, msg: str, *args: Any) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(msg, *args)
 
 
 def _register_name() -> None:
@@ -259,7 +253,7 @@ def install_priority_hook(module: ModuleType | None = None, platform: str | None
     needs_cache = platform == "cuda"  # vLLM caches the CUDA lists, not the ROCm ones
     cached = callable(getattr(current, "cache_clear", None))
     if current is None or not callable(current) or (needs_cache and not cached):
-        _warn_once(
+        warn_once(
             f"missing:{platform}",
             "triton-mla-sparse: %s._get_backend_priorities is missing or not %s as in vLLM 0.33; %s stays "
             "registered (--attention-backend %s) but is not auto-selected.",
@@ -272,7 +266,7 @@ def install_priority_hook(module: ModuleType | None = None, platform: str | None
     except (TypeError, ValueError):
         params = ()
     if params != expected or (platform == "rocm" and not hasattr(module, "_GCN_ARCH")):
-        _warn_once(
+        warn_once(
             f"signature:{platform}",
             "triton-mla-sparse: %s._get_backend_priorities%s differs from the vLLM 0.33 signature %s; %s stays "
             "registered (--attention-backend %s) but is not auto-selected.",
@@ -311,7 +305,7 @@ def install_rocm_dsa_route(module: ModuleType | None = None, hip_arch: str | Non
     if current is TritonMLASparseBackend:
         return True
     if current is None or getattr(current, "get_name", lambda: None)() != ROCM_PEER:
-        _warn_once("rocm-dsa", "triton-mla-sparse: %s.%s is not vLLM 0.33's %s; the ROCm DSA model keeps its own "
+        warn_once("rocm-dsa", "triton-mla-sparse: %s.%s is not vLLM 0.33's %s; the ROCm DSA model keeps its own "
                    "backend.", module.__name__, ROCM_DSA_GLOBAL, ROCM_PEER)
         return False
     if policy_index([ROCM_PEER], None, priority_mode(), hip_arch=hip_arch) != 0:

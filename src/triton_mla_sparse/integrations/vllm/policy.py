@@ -55,6 +55,7 @@ __all__ = [
     "indexer_mode",
     "soft_fp8_mode",
     "dsv4_mode",
+    "warn_once",
     "batch_invariant",
     "model_reasons",
     "static_reasons",
@@ -115,6 +116,14 @@ ROPE_DIMS = D_ROPES
 SUPPORTED_HEAD_SIZES = tuple(D_V + r for r in D_ROPES)  # 512 (NoPE), 576 (DeepSeek-V3.2, GLM-5)
 
 logger = logging.getLogger("vllm.plugins.triton_mla_sparse")
+_warned: set[str] = set()  # the keys warn_once has logged in this process
+
+
+def warn_once(key: str, msg: str, *args: object) -> None:
+    """Log ``msg % args`` as a warning the first time ``key`` comes (the plugin's wrappers, each vLLM process)."""
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(msg, *args)
 
 
 def env_mode(name: str) -> str:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from .policy import DSV4_ENV, DSV4_MODES, dsv4_mode, logger
+from .policy import DSV4_ENV, DSV4_MODES, dsv4_mode, logger, warn_once
 
 __all__ = ["Component", "COMPONENTS", "MODEL_MODULES", "HOOK_NAME", "EXPECTED_HOOK_PARAMS", "blocking_components",
            "error_message", "check_capability", "wrap_module", "install", "uninstall", "installed_modules"]
@@ -111,13 +111,6 @@ HOOK_NAME = "_select_dsv4_attn_cls"
 #: Parameters of ``_select_dsv4_attn_cls`` in vLLM 0.33 (both modules).
 EXPECTED_HOOK_PARAMS = ("vllm_config",)
 _WRAPPED_MARK = "_triton_mla_sparse_dsv4_check"
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, msg: str, *args: Any) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning(msg, *args)
 
 
 def _cap(capability: Any) -> tuple[int, int]:
@@ -182,7 +175,7 @@ def wrap_module(module: ModuleType, model: str | None = None) -> bool:
     if current is not None and getattr(current, _WRAPPED_MARK, False):
         return True
     if current is None or not callable(current):
-        _warn_once(f"missing:{module.__name__}",
+        warn_once(f"missing:{module.__name__}",
                    "triton-mla-sparse: %s.%s is missing (not vLLM 0.33); %s is built without the plugin's GPU "
                    "check and may fail at run time on GPUs below SM 9.0.", module.__name__, HOOK_NAME, model)
         return False
@@ -191,7 +184,7 @@ def wrap_module(module: ModuleType, model: str | None = None) -> bool:
     except (TypeError, ValueError):
         params = ()
     if params != EXPECTED_HOOK_PARAMS:
-        _warn_once(f"signature:{module.__name__}",
+        warn_once(f"signature:{module.__name__}",
                    "triton-mla-sparse: %s.%s%s differs from the vLLM 0.33 signature %s; %s is built without the "
                    "plugin's GPU check and may fail at run time on GPUs below SM 9.0.",
                    module.__name__, HOOK_NAME, params, EXPECTED_HOOK_PARAMS, model)
@@ -233,7 +226,7 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
 
             loader.exec_module = _exec_module  # type: ignore[method-assign]
         else:
-            _warn_once(f"loader:{fullname}", "triton-mla-sparse: %s is loaded by %r, not from a file; %s is built "
+            warn_once(f"loader:{fullname}", "triton-mla-sparse: %s is loaded by %r, not from a file; %s is built "
                        "without the plugin's GPU check.", fullname, loader, model)
         return spec
 
