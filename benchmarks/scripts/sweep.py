@@ -22,6 +22,7 @@ import triton
 from triton_mla_sparse.bench import (EXTERNAL_PEERS, Case, DoBenchTimer, PeerUnavailable, build_inputs,
                                      check_output, decode_case, load_peers, method_applies, method_factories,
                                      prefill_case, reference_output)
+from triton_mla_sparse.bench.cases import v4_decode_case
 from triton_mla_sparse.bench.timing import time_graph
 from triton_mla_sparse.ops.sparse_mla import sparse_mla_attention_with_config
 
@@ -31,6 +32,8 @@ CASES: dict[str, Callable[[str], Case]] = {
     "decode_h128_b256": lambda fmt: decode_case(128, 256, fmt),
     "decode_h128_b1_64k": lambda fmt: decode_case(128, 1, fmt, ctx=65536),
     **{f"prefill_h{h}": (lambda fmt, h=h: prefill_case(h, fmt)) for h in (8, 16, 64, 128)},
+    # DeepSeek-V4 decode (its own format: the --formats entry is ignored)
+    **{f"v4_h{h}_b{b}": (lambda fmt, h=h, b=b: v4_decode_case(h, b)) for h in (8, 16, 32, 64) for b in (64, 256)},
 }
 
 
@@ -75,6 +78,7 @@ def main() -> None:
             inp = build_inputs(case, "cuda")
             ref, sel = reference_output(inp)
             q, kv, idx, scale = inp.q, inp.kv_cache, inp.indices, inp.softmax_scale
+            kw = dict(kv_format=case.kv_format, **inp.extras()) if case.extra_topk else {}  # V4: never inferred
 
             def checked_ms(fn: Callable[[], torch.Tensor], timer: DoBenchTimer) -> tuple[float, float]:
                 err, problem = check_output(case, fn(), ref, sel)
@@ -104,17 +108,18 @@ def main() -> None:
                 kernel = "prefill" if prefill else "auto"
 
                 def fn(over=over, kernel=kernel):
-                    return sparse_mla_attention_with_config(q, kv, idx, scale, kernel=kernel, **over)
+                    return sparse_mla_attention_with_config(q, kv, idx, scale, kernel=kernel, **kw, **over)
 
                 try:
                     _, cfg = sparse_mla_attention_with_config(q, kv, idx, scale, kernel=kernel, return_config=True,
-                                                              **over)
+                                                              **kw, **over)
                     ms, err = checked_ms(fn, ours_timer)
                 except Exception as e:  # noqa: BLE001
                     print(f"{name:22s} {fmt:10s} {str(over):40s} FAILED {type(e).__name__}: {str(e)[:150]}")
                     continue
                 tag = f"{cfg.family} {cfg.kernel[:3]} h{cfg.block_h} n{cfg.block_n} w{cfg.num_warps} " \
                       f"s{cfg.num_stages} sp{cfg.num_splits} sw{int(cfg.sw_fp8)}" + " f16" * cfg.f16_dot \
+                      + " ov" * cfg.overlap \
                       + (f" reg{cfg.max_registers}" if cfg.max_registers is not None else "")
                 line["ours"].append((tag, ms, err))
                 print(f"{name:22s} {fmt:10s} {tag:40s} {ms:8.4f} ms err {err:.1e}", flush=True)

@@ -320,11 +320,15 @@ def test_combine_as_dependent_launch(pool, fmt, family, heads):
         assert torch.equal(o, wo) and torch.equal(lse, wl)
 
 
+@pytest.mark.parametrize("family", [None, "tl", "mma2", "wgmma_t", "wgmma"])
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
-def test_extra_cache_runs_the_tl_kernel(pool, fmt, kernel):
-    """An extra cache (DeepSeek-V4's second list) on a problem the table gives a Gluon kernel: the tl kernel reads
-    both caches (the extra one NaN outside its selected rows), garbage ids and lengths in both lists, a sink."""
+def test_extra_cache(pool, fmt, kernel, family):
+    """An extra cache (DeepSeek-V4's second list) read by each kernel family (None: the table's choice) on a
+    problem the table gives a Gluon kernel: both caches (the extra one NaN outside its selected rows), garbage ids
+    and lengths in both lists, a sink."""
+    if family not in (None, "tl"):
+        _skip_unless_supported(fmt, family)
     torch.manual_seed(9)
     T, H = ROWS[64], 16
     c = pool.caches[fmt]
@@ -339,7 +343,8 @@ def test_extra_cache_runs_the_tl_kernel(pool, fmt, kernel):
     extra = dict(extra_kv_cache=cache2, extra_indices=idx2, extra_topk_length=tl2)
     _, lse, cfg = sparse_mla_attention_with_config(q, c.tensor, idx, SCALE, kv_format=c.kv_format, topk_length=tl1,
                                                    attn_sink=sink, out=out, kernel=kernel, return_lse=True,
-                                                   return_config=True, **extra)
-    assert cfg.family == "tl"
+                                                   return_config=True, **({"family": family} if family else {}),
+                                                   **extra)
+    assert family is None or cfg.family == family
     check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format, topk_length=tl1, attn_sink=sink,
                             **extra)

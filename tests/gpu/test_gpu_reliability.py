@@ -381,12 +381,19 @@ def test_gluon_garbage_indices_stay_in_bounds(gluon_launches, family, H, extra, 
 
 
 @pytest.mark.memcheck
-def test_v4_pages_garbage_indices_stay_in_bounds():
-    """DeepSeek-V4 pages (fp8_ds_mla_v4, the tl kernel): both caches in allocations that end at the last page's
-    last footer byte (the page padding of every other page NaN bytes), garbage indices and lengths in both lists, a
-    sink; decode and prefill against the reference on clean copies."""
+@pytest.mark.parametrize("family", ["tl", "mma2", "wgmma", "wgmma_t"])
+def test_v4_pages_garbage_indices_stay_in_bounds(family):
+    """DeepSeek-V4 pages (fp8_ds_mla_v4, each kernel family that reads them here): both caches in allocations that
+    end at the last page's last footer byte (the page padding of every other page NaN bytes), garbage indices and
+    lengths in both lists, a sink; decode and prefill against the reference on clean copies."""
+    from triton_mla_sparse.capabilities import arch_for_device
     from triton_mla_sparse.formats import (FP8_DS_MLA_V4, V4_TOKEN_BYTES, quantize_fp8_ds_mla_v4, v4_page_bytes,
                                            v4_token_view)
+    from triton_mla_sparse.ops.sparse_mla.configs import gluon_supported
+
+    if family != "tl" and (ON_CPU or not gluon_supported(family, arch_for_device(torch.device(DEV)), FP8_DS_MLA_V4,
+                                                         QD)):
+        pytest.skip(f"the {family} kernel does not run here")
 
     torch.manual_seed(9)
     T, H, bs = 8, 16, 64
@@ -407,8 +414,8 @@ def test_v4_pages_garbage_indices_stay_in_bounds():
     sink = copy_to_end(torch.randn(H, device=DEV))
     for kernel in ("decode", "prefill"):
         out, lse, cfg = run(q, swa, idx, kv_format=FP8_DS_MLA_V4, kernel=kernel, topk_length=tl1, attn_sink=sink,
-                            extra_kv_cache=cmp, extra_indices=idx2, extra_topk_length=tl2)
-        assert cfg.family == "tl"
+                            extra_kv_cache=cmp, extra_indices=idx2, extra_topk_length=tl2, family=family)
+        assert cfg.family == family  # no silent fallback
         ref, ref_lse = reference.sparse_mla_attention(
             q, swa_clean, idx, SCALE, kv_format=FP8_DS_MLA_V4, topk_length=tl1, attn_sink=sink, return_lse=True,
             extra_kv_cache=cmp_clean, extra_indices=idx2, extra_topk_length=tl2, out_dtype=torch.float32)

@@ -1,5 +1,6 @@
-"""GPU tier: DeepSeek-V4's fp8 pages (kv_format "fp8_ds_mla_v4") read in place by the tl kernel, against the
-float32 reference: decode and prefill, bf16 q, the SWA cache alone and with the compressed cache as the extra cache
+"""GPU tier: DeepSeek-V4's fp8 pages (kv_format "fp8_ds_mla_v4") read in place by every kernel family that reads
+them (the table's choice, the tl kernel, and on NVIDIA the Gluon kernels where they run), against the float32
+reference: decode and prefill, bf16 q, the SWA cache alone and with the compressed cache as the extra cache
 (vLLM's FlashMLA call: block size 64 for both), garbage slots and lengths in both lists, a sink, the pages in vLLM's
 view over a buffer whose every byte outside the pages' data is 0xFF (a stray read makes NaN). Skipped without a CUDA
 GPU (``TMS_GPU_TESTS_ON_CPU=1``: tiny sizes through the interpreter, float16 q)."""
@@ -44,10 +45,22 @@ def garbage_slots(T: int, topk: int, num_slots: int, seed: int) -> torch.Tensor:
     return torch.where(bad, junk, idx).to(torch.int32).to(DEV)
 
 
+FAMILIES = {"table": {}, "tl": {"family": "tl"}, "mma2": {"family": "mma2"}, "wgmma": {"family": "wgmma"},
+            "wgmma_t": {"family": "wgmma_t", "overlap": True}, "wgmma_t-plain": {"family": "wgmma_t", "overlap": False}}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("with_extra", [False, True], ids=["swa", "swa+compressed"])
 @pytest.mark.parametrize("heads", [16, 64])
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
-def test_v4_pages_against_the_reference(kernel, heads, with_extra):
+def test_v4_pages_against_the_reference(kernel, heads, with_extra, family):
+    over = FAMILIES[family]
+    if over.get("family", "tl") != "tl":
+        from triton_mla_sparse.capabilities import arch_for_device
+        from triton_mla_sparse.ops.sparse_mla.configs import gluon_supported
+
+        if ON_CPU or not gluon_supported(over["family"], arch_for_device(torch.device(DEV)), V4, QD):
+            pytest.skip(f"the {over['family']} kernel does not run here")
     T = ROWS[kernel]
     torch.manual_seed(heads + 7 * with_extra)
     swa = v4_pages(NB_SWA, 1)
@@ -62,8 +75,8 @@ def test_v4_pages_against_the_reference(kernel, heads, with_extra):
     out = torch.full((T, heads, 512), float("nan"), dtype=QD, device=DEV)
     res, lse, cfg = sparse_mla_attention_with_config(q, swa, idx, SCALE, kv_format=V4, topk_length=tl1,
                                                      attn_sink=sink, out=out, kernel=kernel, return_lse=True,
-                                                     return_config=True, **extra)
-    assert res is out and cfg.family == "tl" and cfg.kernel == kernel
+                                                     return_config=True, **over, **extra)
+    assert res is out and cfg.kernel == kernel and cfg.family == over.get("family", cfg.family)
     assert torch.isfinite(out).all(), "output holds NaN/inf (unwritten rows, or bytes outside the pages were read)"
     assert not torch.isnan(lse).any()
     sel = None

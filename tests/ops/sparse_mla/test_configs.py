@@ -302,7 +302,7 @@ def test_pdl_where_the_table_asks_and_the_target_has_it(on_gpu):
     for name, entries in GLUON_TABLE.items():
         for key, entry in entries.items():
             if entry.pdl:
-                assert name == "sm90" and key == (16, "fp8_ds_mla"), (name, key)
+                assert name == "sm90" and key in ((16, "fp8_ds_mla"), (16, "fp8_ds_mla_v4")), (name, key)
     assert choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", arch=ARCHS["sm120"], pdl=True).pdl
     for arch in ("sm86", "gfx942"):
         with pytest.raises(ValueError, match="pdl"):
@@ -316,7 +316,7 @@ def test_pdl_is_refused_under_the_interpreter():
 
 
 def test_extra_cache_where_its_build_fits():
-    """The tl kernel with an extra cache is in the compile matrix (decode-extra / prefill-extra rows) exactly where
+    """The kernels with an extra cache are in the compile matrix (decode-extra / prefill-extra rows) exactly where
     the API takes one: NVIDIA targets (AMD builds spill with it, so the API refuses an extra cache there)."""
     from triton_mla_sparse.ops.sparse_mla.aot import matrix_entries
     from triton_mla_sparse.ops.sparse_mla.configs import extra_cache_supported

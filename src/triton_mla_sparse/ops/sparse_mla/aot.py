@@ -49,13 +49,15 @@ MATRIX_FORMATS = {"16bit": ("bf16",), "fp8_e4m3": ("fp8_e4m3",), "fp8_ds_mla": (
 def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split: bool, q_dtype: str = "bf16",
                       has_rope: bool = True, extra: bool = False) -> CompiledKernel:
     """Compile the attention kernel of ``cfg`` for ``arch`` (worst-case flags: topk_length and sink on; ``extra``:
-    the tl kernel with an extra cache and its lengths; ``fp8_ds_mla_v4`` is built without a RoPE part, as it runs)."""
+    with an extra cache and its lengths; ``fp8_ds_mla_v4`` is built without a RoPE part, as it runs)."""
     fmt = K._FMT_CODES[kv_format]
     has_rope = has_rope and fmt != K.FMT_FP8_V4
     kv_type = "*u8" if fmt != K.FMT_NATIVE else f"*{'fp16' if kv_format == 'fp16' else 'bf16'}"
     sig = {n: (f"*{q_dtype}" if t == "q" else kv_type if t == "kv" else t) for n, t in _PTR_TYPES.items()}
     sig.update({n: "i32" for n in _INTS})
     sig.update(sm_scale_log2="fp32", k_scale="fp32")
+    sig.update(kv2_ptr=kv_type, idx2_ptr="*i32", topk_len2_ptr="*i32", **{n: "i32" for n in _EXTRA_INTS})
+    divisible = list(_PTR_TYPES) + ["kv2_ptr", "idx2_ptr", "topk_len2_ptr"] + sorted(_DIV16 | _DIV16_EXTRA)
     if cfg.family != "tl":
         if cfg.family == "wgmma":
             from .kernels_wgmma import _sparse_mla_fwd_wgmma as fn
@@ -66,19 +68,18 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
 
         const = dict(FMT=fmt, HAS_ROPE=has_rope, HAS_TOPK_LEN=True, HAS_SINK=True, SPLIT=split, BLOCK_H=cfg.block_h,
                      BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8,
-                     F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA, PDL=cfg.pdl and split)
+                     F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA, PDL=cfg.pdl and split, HAS_EXTRA=extra,
+                     HAS_TOPK_LEN2=extra)
         if cfg.family == "wgmma_t":
-            const["OVERLAP"] = cfg.overlap and fmt == K.FMT_FP8_DS_MLA
-        return compile_kernel(fn, sig, const, list(_PTR_TYPES) + sorted(_DIV16), arch, cfg.num_warps, 1,
-                              ones=("stride_idx_k",), max_registers=cfg.max_registers)
-    sig.update(kv2_ptr=kv_type, idx2_ptr="*i32", topk_len2_ptr="*i32", **{n: "i32" for n in _EXTRA_INTS})
+            const["OVERLAP"] = cfg.overlap and fmt in (K.FMT_FP8_DS_MLA, K.FMT_FP8_V4)
+        return compile_kernel(fn, sig, const, divisible, arch, cfg.num_warps, 1,
+                              ones=("stride_idx_k", "stride_idx2_k"), max_registers=cfg.max_registers)
     const = dict(FMT=fmt, CONVERT=fmt == K.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,
                  HAS_TOPK_LEN=True, HAS_SINK=True, K_SCALE_PTR=False, SPLIT=split, BLOCK_H=cfg.block_h,
                  BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8, F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA,
                  LOW_REG=cfg.low_reg, PDL=cfg.pdl and split, HAS_EXTRA=extra, HAS_TOPK_LEN2=extra)
-    return compile_kernel(K._sparse_mla_fwd_kernel, sig, const,
-                          list(_PTR_TYPES) + ["kv2_ptr", "idx2_ptr", "topk_len2_ptr"] + sorted(_DIV16 | _DIV16_EXTRA),
-                          arch, cfg.num_warps, cfg.num_stages, ones=("stride_idx_k", "stride_idx2_k"),
+    return compile_kernel(K._sparse_mla_fwd_kernel, sig, const, divisible, arch, cfg.num_warps, cfg.num_stages,
+                          ones=("stride_idx_k", "stride_idx2_k"),
                           max_registers=cfg.max_registers)
 
 
@@ -95,7 +96,7 @@ def compile_combine(arch: Arch, cfg: AttentionConfig, q_dtype: str = "bf16") -> 
 
 def matrix_entries(arch_name: str) -> list[tuple[int, str, str, str]]:
     """Every (head class, cache class, kv format, kernel) the launch table can pick on ``arch_name``; kernels
-    ``"decode-extra"`` / ``"prefill-extra"``: the tl kernel with an extra cache, where the API takes one."""
+    ``"decode-extra"`` / ``"prefill-extra"``: built with an extra cache, where the API takes one."""
     kernels = ("decode", "prefill") + (("decode-extra", "prefill-extra") if extra_cache_supported(ARCHS[arch_name])
                                        else ())
     return [(hc, cc, fmt, kernel) for (hc, cc) in TABLE[arch_name] for fmt in MATRIX_FORMATS[cc]
@@ -104,10 +105,9 @@ def matrix_entries(arch_name: str) -> list[tuple[int, str, str, str]]:
 
 def table_config(arch: Arch, hc: int, cc: str, kernel: str) -> AttentionConfig:
     """The config ``choose_config`` picks on ``arch`` for a head class and cache class (``hc`` heads; split sizes
-    are irrelevant to compilation); an ``-extra`` kernel is the tl kernel's (the one that reads an extra cache)."""
-    base, _, extra = kernel.partition("-")
-    return choose_config(1, hc, 2048, torch.device("cpu"), base, kv_format=MATRIX_FORMATS[cc][0], arch=arch,
-                         **({"family": "tl"} if extra else {}))
+    are irrelevant to compilation); an ``-extra`` kernel is the same kernel, built with an extra cache."""
+    base = kernel.partition("-")[0]
+    return choose_config(1, hc, 2048, torch.device("cpu"), base, kv_format=MATRIX_FORMATS[cc][0], arch=arch)
 
 
 def compile_rows(arch: Arch) -> list[dict]:

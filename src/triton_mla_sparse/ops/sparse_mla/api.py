@@ -346,7 +346,7 @@ def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: 
     """:func:`sparse_mla_attention` with the kernel choice exposed: ``kernel`` is ``"auto"``, ``"decode"`` or
     ``"prefill"``; ``config_overrides`` replace fields of the chosen
     :class:`~triton_mla_sparse.ops.sparse_mla.configs.AttentionConfig`; ``return_config`` appends the config used.
-    With an extra cache (``extra_*``) the tl kernel runs, whatever the table or a ``family`` override says."""
+    With an extra cache (``extra_*``) a Gluon kernel runs only where it reads both caches (else the tl kernel)."""
     p = check_attention_inputs(q, kv_cache, indices, softmax_scale, kv_format=kv_format, k_scale=k_scale,
                                topk_length=topk_length, attn_sink=attn_sink, out=out, extra_kv_cache=extra_kv_cache,
                                extra_indices=extra_indices, extra_topk_length=extra_topk_length)
@@ -378,7 +378,7 @@ def sparse_mla_attention_with_config(q: Query, kv_cache: torch.Tensor, indices: 
         # a cache the Gluon kernels cannot read (rows off 16 elements, converted rows, fp16 q with fp8_ds_mla) gets
         # the tl kernel's own table entry, whatever the table or a family override would give
         tl_only = not gluon_reads_problem(p)
-    # with an extra cache the kernel walks one list of both (the tl kernel only), as long as the two together
+    # with an extra cache the kernel walks one list of both, as long as the two together
     topk = p.topk + p.topk2
     if config_overrides:
         family = config_overrides.get("family")

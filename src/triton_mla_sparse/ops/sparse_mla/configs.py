@@ -43,7 +43,7 @@ class Launch:
     family: str = "tl"  # "tl": kernels.py; "mma2" / "wgmma" / "wgmma_t": kernels_mma2.py / kernels_wgmma.py /
     # kernels_wgmma_t.py (num_stages = their STAGES: tiles in flight + 1)
     max_registers: int | None = None  # NVIDIA: ptxas's per-thread register cap (maxnreg), to fit more programs per SM
-    overlap: bool = False  # wgmma_t with fp8_ds_mla: dequantise the next tile while the output MMAs of this one run
+    overlap: bool = False  # wgmma_t with fp8_ds_mla / V4 pages: dequantise the next tile during this one's output MMAs
     max_waves: int = 2  # decode splits fill at most this many waves of resident programs (1: each SM's one program
     # streams its split without a second wave behind it)
     prefill: Launch | None = None  # the prefill kernel's entry where another kernel family is faster there
@@ -52,7 +52,7 @@ class Launch:
 
 HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
 CACHE_CLASSES = ("16bit", "fp8_e4m3", "fp8_ds_mla", "fp8_ds_mla_v4")  # bf16/fp16 rows; the two fp8 row formats;
-# DeepSeek-V4's fp8 pages (the tl kernel's alone; where v4_supported holds)
+# DeepSeek-V4's fp8 pages (where v4_supported holds)
 
 # Measured on the H200 (benchmarks/NOTES.md) for sm90; elsewhere the fastest-by-construction entry that the
 # compile matrix shows to fit the architecture's shared memory without spills (no hardware to time it on).
@@ -156,7 +156,8 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
 _M = functools.partial(Launch, family="mma2")
 _W = functools.partial(Launch, family="wgmma")
 _T = functools.partial(Launch, family="wgmma_t")
-GLUON_CACHE_CLASSES = ("16bit", "fp8_ds_mla")
+GLUON_CACHE_CLASSES = ("16bit", "fp8_ds_mla", "fp8_ds_mla_v4")
+FP8_TILE_CLASSES = ("fp8_ds_mla", "fp8_ds_mla_v4")  # dequantised once per tile into bf16 by the Gluon kernels
 GLUON_FAMILIES = ("mma2", "wgmma", "wgmma_t")
 HOPPER_FAMILIES = ("wgmma", "wgmma_t")  # warpgroup MMAs: sm90 only
 GLUON_ONLY_SWITCHES = ("overlap",)  # AttentionConfig switches of a Gluon kernel (the tl kernel refuses them)
@@ -174,6 +175,10 @@ GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         (32, "fp8_ds_mla"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
         (64, "16bit"): _W(64, 64, 8, 2, 1),
         (64, "fp8_ds_mla"): _W(64, 64, 8, 2, 1),
+        # DeepSeek-V4 pages: fp8_ds_mla's kernels (the same dequantised bf16 tile, from V4's rows and footers)
+        (16, "fp8_ds_mla_v4"): _T(16, 64, 4, 2, 1, max_waves=1, overlap=True, prefill_stages=3, pdl=True),
+        (32, "fp8_ds_mla_v4"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
+        (64, "fp8_ds_mla_v4"): _W(64, 64, 8, 2, 1),
     },
     # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB)
     "sm80": {(hc, cc): _M(16, 32, 4, 3, 1) for hc in HEAD_CLASSES
@@ -198,7 +203,7 @@ for _rdna in ("gfx1101", "gfx1151"):
     TABLE[_rdna] = TABLE["gfx1100"]
 TABLE["gfx1200"] = dict(TABLE["gfx1100"])  # RDNA4: RDNA3's entries, and DeepSeek-V4 pages (below)
 TABLE["gfx1201"] = TABLE["gfx1200"]
-# DeepSeek-V4 pages (fp8_ds_mla_v4; the tl kernel's alone): the fp8_ds_mla entries' tiles with exact-value dots (no
+# DeepSeek-V4 pages (fp8_ds_mla_v4) for the tl kernel: the fp8_ds_mla entries' tiles with exact-value dots (no
 # f16_dot) and the full kernel (no low_reg: the V4 path has no low-register variant). On the ~99 KB targets (sm86,
 # sm89, sm120) one stage: two need 104 KB (16-head blocks) / 120 KB (32) of shared memory there. RDNA4's entry is
 # RDNA's 16-head, 16-row, 16-warp tile (248 VGPRs, no spills); RDNA3 (gfx1100, gfx1101, gfx1151) has none: that build
@@ -246,7 +251,7 @@ class AttentionConfig:
     family: str = "tl"  # which kernel: "tl" (kernels.py), "mma2" / "wgmma" / "wgmma_t" (kernels_mma2.py /
     # kernels_wgmma.py / kernels_wgmma_t.py)
     max_registers: int | None = None  # NVIDIA: registers per thread the build may use (ptxas maxnreg); None: its own
-    overlap: bool = False  # wgmma_t with fp8_ds_mla: the next tile dequantised during this one's output MMAs
+    overlap: bool = False  # wgmma_t with fp8_ds_mla / V4 pages: the next tile dequantised during this one's output MMAs
     pdl: bool = False  # decode: the combine kernel is a programmatic dependent launch (NVIDIA sm90 on), started
     # while the split kernel runs so that its launch and start-up overlap the splits' tail (_common/pdl.py)
 
@@ -290,12 +295,12 @@ def _split_count(rows_x_heads: int, n_blocks: int, slots: int, max_waves: int = 
 def gluon_supported(family: str, arch: Arch | None, kv_format: str, q_dtype: torch.dtype | None = None) -> bool:
     """The Gluon kernel ``family`` can run this problem: not the interpreter, an NVIDIA target with cp.async and
     mma.sync (``"mma2"``: sm80 on) or Hopper's wgmma (``"wgmma"``, ``"wgmma_t"``: sm90), a bf16/fp16 cache read as
-    stored (``q_dtype`` None or the cache's dtype) or fp8_ds_mla."""
+    stored (``q_dtype`` None or the cache's dtype), fp8_ds_mla or DeepSeek-V4 pages (bf16 q)."""
     if arch is None or interpreting() or arch.backend != "cuda" or family not in GLUON_FAMILIES:
         return False
     if int(arch.target) < 80 or (family in HOPPER_FAMILIES and arch.name != "sm90"):
         return False
-    if kv_format == "fp8_ds_mla":  # the rows' bf16 RoPE part is copied as stored and dotted with q's
+    if kv_format in FP8_TILE_CLASSES:  # the rows' bf16 RoPE part is copied as stored and dotted with q's
         return q_dtype is None or q_dtype == torch.bfloat16
     native = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(kv_format)
     return native is not None and (q_dtype is None or q_dtype == native)
@@ -345,7 +350,7 @@ def gluon_config_problem(cfg: AttentionConfig, kv_format: str | None = None, arc
         if cfg.f16_dot:
             return "f16_dot: the wgmma_t kernel dots bf16 tiles of exact values only"
         if kv_format is not None and arch is not None:
-            need = wgmma_t_shared_bytes(cfg, cache_class(kv_format) == "fp8_ds_mla")
+            need = wgmma_t_shared_bytes(cfg, cache_class(kv_format) in FP8_TILE_CLASSES)
             if need > arch.shared_bytes:
                 return (f"num_stages / block_h: the wgmma_t kernel with {cfg.num_stages} stages of {cfg.block_n} "
                         f"{kv_format} rows and {cfg.block_h}-head blocks needs {need} bytes of shared memory, "
@@ -403,8 +408,9 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     key = (head_class(H), cache_class(kv_format))
     if family in GLUON_FAMILIES and not gluon_supported(family, arch, kv_format, q_dtype):
         where = "sm90" if family in HOPPER_FAMILIES else "an NVIDIA GPU from sm80 on"
-        raise ValueError(f"family: the {family} kernel needs {where} and a bf16/fp16 cache read as stored or "
-                         f"fp8_ds_mla with bf16 q; got {arch.name if arch else 'no GPU'}, {kv_format}, q {q_dtype}")
+        raise ValueError(f"family: the {family} kernel needs {where} and a bf16/fp16 cache read as stored, "
+                         f"fp8_ds_mla or fp8_ds_mla_v4 with bf16 q; got {arch.name if arch else 'no GPU'}, {kv_format}, "
+                         f"q {q_dtype}")
     if key[1] == "fp8_ds_mla_v4" and not interpreting() and not v4_supported(arch):
         raise ValueError(f"kv_format: 'fp8_ds_mla_v4' is not built for {arch.name} (its build spills registers there: "
                          f"the compile matrix), got {kv_format!r}")
@@ -456,7 +462,7 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
                           sw_fp8=sw_fp8, programs_per_sm=launch.programs_per_sm,
                           f16_dot=launch.f16_dot and cache_class(kv_format) == "fp8_ds_mla", low_reg=launch.low_reg,
                           family=family, max_registers=launch.max_registers,
-                          overlap=launch.overlap and cache_class(kv_format) == "fp8_ds_mla",
+                          overlap=launch.overlap and cache_class(kv_format) in FP8_TILE_CLASSES,
                           pdl=launch.pdl and kernel == "decode" and pdl_supported(arch))
     cfg = replace(cfg, **overrides) if overrides else cfg
     if type(cfg.split_len) is not int or cfg.split_len < 1 or cfg.split_len % cfg.block_n:

@@ -531,9 +531,12 @@ def _rows_16b_aligned(kv: torch.Tensor) -> bool:
 
 def _gluon_reads(kv: torch.Tensor, fmt: int, convert: bool, q_dtype: torch.dtype) -> bool:
     """The Gluon kernels read this cache: rows copyable in 16-byte vectors, bf16/fp16 rows in q's dtype or
-    fp8_ds_mla rows with bf16 q (their RoPE part is bf16, dotted as stored)."""
+    fp8_ds_mla rows or DeepSeek-V4 pages with bf16 q (their RoPE part is bf16, dotted as stored). V4 pages: a
+    16-byte aligned start and page stride (rows are 576 bytes apart, footers 8)."""
     import torch
 
+    if fmt == FMT_FP8_V4:
+        return q_dtype == torch.bfloat16 and kv.data_ptr() % 16 == 0 and kv.stride(0) % 16 == 0
     if not _rows_16b_aligned(kv):
         return False
     if fmt == FMT_FP8_DS_MLA:
@@ -552,10 +555,19 @@ def _cache_view(p: AttentionProblem) -> tuple[torch.Tensor, int, bool]:
 
 
 def gluon_reads_problem(p: AttentionProblem) -> bool:
-    """The Gluon kernels can read this problem's cache (:func:`_gluon_reads`) and it has no extra cache (the tl
-    kernel's alone); the API runs the tl kernel otherwise, chosen from its own table entry."""
+    """The Gluon kernels can read this problem's cache and its extra cache, if any (:func:`_gluon_reads`); the API
+    runs the tl kernel otherwise, chosen from its own table entry."""
     kv, fmt, convert = _cache_view(p)
-    return p.kv2 is None and _gluon_reads(kv, fmt, convert, p.q_nope.dtype)
+    if not _gluon_reads(kv, fmt, convert, p.q_nope.dtype):
+        return False
+    return p.kv2 is None or _gluon_reads(_extra_view(p), fmt, convert, p.q_nope.dtype)
+
+
+def _extra_view(p: AttentionProblem) -> torch.Tensor:
+    """The extra cache as the kernels read it (fp8_e4m3 as bytes)."""
+    import torch
+
+    return p.kv2.view(torch.uint8) if p.kv_format == "fp8_e4m3" else p.kv2
 
 
 def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tensor,
@@ -609,9 +621,10 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
 
         common = dict(FMT=fmt, HAS_ROPE=has_rope, HAS_TOPK_LEN=p.topk_length is not None,
                       HAS_SINK=p.attn_sink is not None, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-                      STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8, F16_DOT=cfg.f16_dot and fmt == FMT_FP8_DS_MLA)
+                      STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8, F16_DOT=cfg.f16_dot and fmt == FMT_FP8_DS_MLA,
+                      HAS_EXTRA=p.kv2 is not None, HAS_TOPK_LEN2=p.topk_length2 is not None)
         if cfg.family == "wgmma_t":
-            common["OVERLAP"] = cfg.overlap and fmt == FMT_FP8_DS_MLA
+            common["OVERLAP"] = cfg.overlap and fmt in (FMT_FP8_DS_MLA, FMT_FP8_V4)
         opts = dict(num_warps=cfg.num_warps, num_stages=1)
     if cfg.max_registers is not None:
         opts["maxnreg"] = cfg.max_registers
@@ -621,17 +634,13 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
                 sink.stride(0))
     sizes = (T, H, p.topk, p.num_slots, p.block_size)
     scales = (p.softmax_scale * LOG2E, k_scale_f)
-    extra = ()  # the tl kernel's extra-cache arguments (dummies without one); the Gluon kernels have none
-    if cfg.family == "tl":
-        if p.kv2 is None:
-            extra = (kv, p.indices, topk_len, 0, 0, 0, 0, 0, 0, 0, 1)
-        else:
-            kv2 = p.kv2.view(torch.uint8) if p.kv_format == "fp8_e4m3" else p.kv2
-            tl2 = p.topk_length2 if p.topk_length2 is not None else p.indices2
-            extra = (kv2, p.indices2, tl2, kv2.stride(0), _row_stride(kv2, fmt), p.indices2.stride(0),
-                     p.indices2.stride(1), tl2.stride(0), p.topk2, p.num_slots2, p.block_size2)
-    elif p.kv2 is not None:
-        raise ValueError(f"family: the extra cache is read by the tl kernel only, got {cfg.family!r}")
+    if p.kv2 is None:  # the extra-cache arguments (dummies without one)
+        extra = (kv, p.indices, topk_len, 0, 0, 0, 0, 0, 0, 0, 1)
+    else:
+        kv2 = _extra_view(p)
+        tl2 = p.topk_length2 if p.topk_length2 is not None else p.indices2
+        extra = (kv2, p.indices2, tl2, kv2.stride(0), _row_stride(kv2, fmt), p.indices2.stride(0),
+                 p.indices2.stride(1), tl2.stride(0), p.topk2, p.num_slots2, p.block_size2)
     if cfg.kernel == "prefill":
         launch((T, n_hb), (
             *args, out, lse, *qstrides,

@@ -1,9 +1,10 @@
 """Gluon kernel for sparse MLA attention on NVIDIA GPUs from sm80 on: cp.async row gathers, mma.sync dots.
 
 Same program grid, arguments and outputs as :func:`.kernels._sparse_mla_fwd_kernel` (one program per query row,
-block of ``BLOCK_H`` heads and range of the row's list; prefill or split-decode partials merged by the same
-combine kernel), for bf16/fp16 caches read as stored and fp8_ds_mla rows. What differs is the memory pipeline,
-written out instead of left to Triton's pipeliner (which waits for every gather before the step that uses it):
+block of ``BLOCK_H`` heads and range of the row's list; prefill or split-decode partials merged by the same combine
+kernel), for bf16/fp16 caches read as stored, fp8_ds_mla rows and DeepSeek-V4 pages. What differs is the memory
+pipeline, written out instead of left to Triton's pipeliner (which waits for every gather before the step that uses
+it):
 
 * the cache rows of ``STAGES - 1`` tiles are in flight (``cp.async`` straight into shared memory, one 16-byte copy
   per vector, zero-filled for masked rows) while a tile is computed; the slot ids of the next tile to gather are
@@ -17,7 +18,13 @@ written out instead of left to Triton's pipeliner (which waits for every gather 
   that both dots read; with ``F16_DOT`` (opt-in) into a float16 tile instead, each 128-column chunk divided by its
   largest scale in the tile (applied back to that chunk's scores and output);
 * ``STAGES = 1``: one buffer, the tile's copies issued at the top of its step and waited for at once (the other
-  programs resident on the SM hide the latency).
+  programs resident on the SM hide the latency);
+* DeepSeek-V4 pages (``FMT = 3``): each row's 448 e4m3 NoPE bytes, 64 bf16 RoPE values and 8 footer bytes (7
+  UE8M0 exponents) gathered into the stage, dequantised like fp8_ds_mla into a bf16 tile whose last 64 columns are
+  the RoPE values (V is the whole row, q 512 wide);
+* an extra cache (``HAS_EXTRA``: DeepSeek-V4's second list, FlashMLA's ``extra_*``): the row's main list padded to
+  whole tiles, then the extra list, as the tl kernel walks them; each tile reads one cache, chosen by its first
+  entry (:func:`_src`), in one softmax.
 
 Every layout is derived from ``num_warps``; the launch table decides where this kernel runs (``family``).
 """
@@ -41,6 +48,8 @@ _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 LATENT = gl.constexpr(512)
 ROPE = gl.constexpr(64)
+V4_NOPE = gl.constexpr(448)  # DeepSeek-V4 rows: e4m3 NoPE bytes, then 64 bf16 RoPE values
+V4_ROW = gl.constexpr(576)  # bytes per DeepSeek-V4 row; the page's footer follows its block_size rows
 
 
 @constexpr_function
@@ -59,6 +68,12 @@ def _gather_layout(vec, num_warps):
 def _scale_layout(num_warps):
     """fp8_ds_mla tile scales: a row's four float32 values in one thread."""
     return gl.BlockedLayout([1, 4], [32, 1], [num_warps, 1], [1, 0])
+
+
+@constexpr_function
+def _v4_scale_layout(num_warps):
+    """DeepSeek-V4 footers: a row's 8 bytes (two int32) in one thread."""
+    return gl.BlockedLayout([1, 2], [32, 1], [num_warps, 1], [1, 0])
 
 
 @gluon.jit
@@ -84,7 +99,27 @@ def _issue(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row, lat
            FMT: gl.constexpr, HAS_ROPE: gl.constexpr):
     """Start the copies of one tile's rows (slot ids ``idx``) into stage ``st`` of the shared buffers."""
     p_row, m_n = _row_ptrs(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row)
-    if FMT == 2:
+    if FMT == 3:
+        # DeepSeek-V4 pages: the row's first 512 bytes (448 e4m3 NoPE values; the last 64 are the first half of
+        # the RoPE part, copied but unused), its 64 bf16 RoPE values, and its 8 footer bytes (7 UE8M0 exponents
+        # and a pad byte, read as two int32) at 576 · block_size + 8 · offset in the page
+        L8: gl.constexpr = _gather_layout(16, gl.num_warps())
+        p8 = gl.convert_layout(p_row, gl.SliceLayout(1, L8))
+        m8 = gl.convert_layout(m_n, gl.SliceLayout(1, L8))
+        o_c = gl.arange(0, LATENT, gl.SliceLayout(0, L8))
+        _async_load(lat_s.index(st), p8[:, None] + o_c[None, :], mask=m8[:, None])
+        LW: gl.constexpr = _v4_scale_layout(gl.num_warps())
+        slot = gl.convert_layout(gl.where(m_n, idx, 0), gl.SliceLayout(1, LW))
+        i_blk = slot // block_size
+        i_off = slot - i_blk * block_size
+        p_foot = kv_ptr + i_blk.to(gl.int64) * stride_kv_blk + (i_off * 8 + block_size * V4_ROW).to(gl.int64)
+        o_w = gl.arange(0, 2, gl.SliceLayout(0, LW))
+        _async_load(sc_s.index(st), p_foot.to(gl.pointer_type(gl.int32))[:, None] + o_w[None, :],
+                    mask=gl.convert_layout(m_n, gl.SliceLayout(1, LW))[:, None])
+        o_r = gl.arange(0, ROPE, gl.SliceLayout(0, _gather_layout(8, gl.num_warps())))
+        _async_load(rope_s.index(st), (p_row + V4_NOPE).to(gl.pointer_type(gl.bfloat16))[:, None] + o_r[None, :],
+                    mask=m_n[:, None])
+    elif FMT == 2:
         L8: gl.constexpr = _gather_layout(16, gl.num_warps())
         p8 = gl.convert_layout(p_row, gl.SliceLayout(1, L8))
         m8 = gl.convert_layout(m_n, gl.SliceLayout(1, L8))
@@ -106,6 +141,102 @@ def _issue(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row, lat
         if HAS_ROPE:
             o_r = gl.arange(0, ROPE, gl.SliceLayout(0, _gather_layout(8, gl.num_warps())))
             _async_load(rope_s.index(st), p_row[:, None] + (LATENT + o_r)[None, :], mask=m_n[:, None])
+
+
+@gluon.jit
+def _src(pos0, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k, num_slots, block_size,
+         stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t, stride_idx2_k, num_slots2, block_size2,
+         stride_kv2_blk, stride_kv2_row, HAS_EXTRA: gl.constexpr):
+    """The list that the tile at entry ``pos0`` of this program's range reads (the main list, or with an extra
+    cache the extra list from entry ``n_pad`` on), as scalars: cache, slot ids and their strides, the tile's first
+    entry in that list and the list's end for this program, slots, block size, block and row strides."""
+    kv, idx, s_t, s_k, p0, e = kv_ptr, idx_ptr, stride_idx_t, stride_idx_k, pos0, n_end
+    ns, bs, sb, sr = num_slots, block_size, stride_kv_blk, stride_kv_row
+    if HAS_EXTRA:
+        e = gl.minimum(n_end, n_row)
+        if pos0 >= n_pad:
+            kv, idx, s_t, s_k, p0, e = kv2_ptr, idx2_ptr, stride_idx2_t, stride_idx2_k, pos0 - n_pad, n_end - n_pad
+            ns, bs, sb, sr = num_slots2, block_size2, stride_kv2_blk, stride_kv2_row
+    return kv, idx, s_t, s_k, p0, e, ns, bs, sb, sr
+
+
+@gluon.jit
+def _ids_at(pos0, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k, num_slots, block_size,
+            stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t, stride_idx2_k, num_slots2, block_size2,
+            stride_kv2_blk, stride_kv2_row, BLOCK_N: gl.constexpr, layout: gl.constexpr, HAS_EXTRA: gl.constexpr):
+    """Slot ids of the tile at entry ``pos0`` (-1 past its list's part of this program's range); with an extra
+    cache, ids invalid for their own list are -1 too (the two lists have their own slot counts, the masks one
+    bound: :func:`_mask_slots`)."""
+    kv, idx, s_t, s_k, p0, e, ns, bs, sb, sr = _src(
+        pos0, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k, num_slots, block_size,
+        stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t, stride_idx2_k, num_slots2, block_size2,
+        stride_kv2_blk, stride_kv2_row, HAS_EXTRA)
+    ids = _load_idx(idx, i_t, s_t, s_k, p0, e, BLOCK_N, layout)
+    if HAS_EXTRA:
+        ids = gl.where((ids >= 0) & (ids < ns), ids, -1)
+    return ids
+
+
+@gluon.jit
+def _issue_at(pos0, ids, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k, num_slots, block_size,
+              stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t, stride_idx2_k, num_slots2, block_size2,
+              stride_kv2_blk, stride_kv2_row, lat_s, rope_s, sc_s, st, FMT: gl.constexpr, HAS_ROPE: gl.constexpr,
+              HAS_EXTRA: gl.constexpr):
+    """:func:`_issue` of the tile at entry ``pos0`` (slot ids ``ids``, from :func:`_ids_at`) from its list's
+    cache."""
+    kv, idx, s_t, s_k, p0, e, ns, bs, sb, sr = _src(
+        pos0, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k, num_slots, block_size,
+        stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t, stride_idx2_k, num_slots2, block_size2,
+        stride_kv2_blk, stride_kv2_row, HAS_EXTRA)
+    _issue(kv, ids, ns, bs, sb, sr, lat_s, rope_s, sc_s, st, FMT, HAS_ROPE)
+
+
+@gluon.jit
+def _mask_slots(num_slots, num_slots2, HAS_EXTRA: gl.constexpr):
+    """The bound the score masks compare slot ids with: the main cache's slot count, or with an extra cache one
+    that every id :func:`_ids_at` left valid is below."""
+    if HAS_EXTRA:
+        num_slots = gl.maximum(num_slots, num_slots2)
+    return num_slots
+
+
+@gluon.jit
+def _v4_scale(sc_s, st, G: gl.constexpr, layout: gl.constexpr):
+    """DeepSeek-V4: float32 scales 2^(e - 127) of NoPE group ``G`` (64 values) of stage ``st``'s rows, in
+    ``layout`` (a slice along the rows), exact (e = 0: 2^-127, a subnormal; 255: inf, as the reference)."""
+    LW: gl.constexpr = _v4_scale_layout(gl.num_warps())
+    o_w = gl.arange(0, 2, gl.SliceLayout(0, LW))
+    word = gl.sum(gl.where(o_w[None, :] == G // 4, sc_s.index(st).load(LW), 0), 1)
+    e = (word >> (8 * (G % 4))) & 255
+    return gl.convert_layout(gl.where(e > 0, e << 23, 0x400000).to(gl.float32, bitcast=True), layout)
+
+
+@gluon.jit
+def _dequant_group_v4(raw_s, sc_s, deq_s, st, G: gl.constexpr, SW_FP8: gl.constexpr):
+    """DeepSeek-V4: NoPE group ``G`` (columns [64·G, 64·G + 64)) of stage ``st`` as exact values in ``deq_s``'s
+    dtype (bf16): e4m3 bytes times the group's scale."""
+    L8: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [gl.num_warps(), 1], [1, 0])
+    s_g = _v4_scale(sc_s, st, G, gl.SliceLayout(1, L8))
+    raw = raw_s.index(st).slice(G * 64, 64, dim=1).load(L8)
+    deq_s.slice(G * 64, 64, dim=1).store((_e4m3_to_f32(raw, SW_FP8) * s_g[:, None]).to(deq_s.dtype))
+
+
+@gluon.jit
+def _dequant_chunk_v4(raw_s, sc_s, rope_s, deq_s, st, C: gl.constexpr, SW_FP8: gl.constexpr):
+    """DeepSeek-V4: columns [128·C, 128·C + 128) of stage ``st`` into ``deq_s``: NoPE groups 2C and 2C + 1
+    (:func:`_dequant_group_v4`); chunk 3 is group 6 and the RoPE part (bf16, copied as stored)."""
+    _dequant_group_v4(raw_s, sc_s, deq_s, st, 2 * C, SW_FP8)
+    if C < 3:
+        _dequant_group_v4(raw_s, sc_s, deq_s, st, 2 * C + 1, SW_FP8)
+    else:
+        deq_s.slice(V4_NOPE, ROPE, dim=1).store(rope_s.index(st).load(_gather_layout(8, gl.num_warps())))
+
+
+@gluon.jit
+def _dequant_tile_v4(raw_s, sc_s, rope_s, deq_s, st, SW_FP8: gl.constexpr):
+    """:func:`_dequant_chunk_v4` for the whole tile."""
+    for c in gl.static_range(LATENT // 128):
+        _dequant_chunk_v4(raw_s, sc_s, rope_s, deq_s, st, c, SW_FP8)
 
 
 @gluon.jit
@@ -186,13 +317,17 @@ def _q_buffers(lt: gl.constexpr, dt: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_
 @gluon.jit
 def _tile_buffers(lt: gl.constexpr, dt: gl.constexpr, FMT: gl.constexpr, BLOCK_N: gl.constexpr,
                   STAGES: gl.constexpr):
-    """Shared memory for each stage's latent rows as gathered (``raw_s``), fp8_ds_mla's tile scales (``sc_s``) and
-    the tile the dots read (``lat_s``: fp8_ds_mla's dequantised tile; the stages themselves for 16-bit caches)."""
+    """Shared memory for each stage's latent rows as gathered (``raw_s``), the fp8 formats' scales (``sc_s``:
+    fp8_ds_mla's tile scales, DeepSeek-V4's footers) and the tile the dots read (``lat_s``: the fp8 formats'
+    dequantised tile; the stages themselves for 16-bit caches)."""
     SH16: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    if FMT == 2:
+    if FMT >= 2:
         SH8: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         raw_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_N, LATENT], SH8)
-        sc_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], SH8)
+        if FMT == 3:  # DeepSeek-V4: each row's footer (7 UE8M0 exponents, a pad byte) as two int32
+            sc_s = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 2], SH8)
+        else:
+            sc_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N, 4], SH8)
         lat_s = gl.allocate_shared_memory(lt, [1, BLOCK_N, LATENT], SH16)  # the dequantised tile
     else:
         raw_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, LATENT], SH16)
@@ -227,31 +362,49 @@ def _q_to_shared(q_nope_ptr, q_pe_ptr, i_t, i_hb, stride_qn_t, stride_qn_h, stri
 
 
 @gluon.jit
-def _row_range(topk_len_ptr, i_t, stride_tl, topk, i_s, split_len, BLOCK_N: gl.constexpr,
-               HAS_TOPK_LEN: gl.constexpr):
-    """This program's part ``[n_start, n_end)`` of the row's list and its number of tiles."""
+def _row_range(topk_len_ptr, i_t, stride_tl, topk, topk_len2_ptr, stride_tl2, topk2, i_s, split_len,
+               BLOCK_N: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, HAS_EXTRA: gl.constexpr,
+               HAS_TOPK_LEN2: gl.constexpr):
+    """This program's part ``[n_start, n_end)`` of the row's list, the main list's length ``n_row``, where the
+    extra list starts (``n_pad``: the main list padded to whole tiles, so that no tile mixes the two caches; as the
+    tl kernel walks them) and the number of tiles."""
     n_row = topk
     if HAS_TOPK_LEN:
         n_row = gl.minimum(gl.maximum(gl.load(topk_len_ptr + i_t * stride_tl), 0), topk)
+    n_all = n_row
+    n_pad = n_row
+    if HAS_EXTRA:
+        n_pad = gl.cdiv(n_row, BLOCK_N) * BLOCK_N
+        n_row2 = topk2
+        if HAS_TOPK_LEN2:
+            n_row2 = gl.minimum(gl.maximum(gl.load(topk_len2_ptr + i_t * stride_tl2), 0), topk2)
+        n_all = n_pad + n_row2
     n_start = i_s * split_len
-    n_end = gl.minimum(n_start + split_len, n_row)
-    return n_start, n_end, gl.cdiv(n_end - n_start, BLOCK_N)
+    n_end = gl.minimum(n_start + split_len, n_all)
+    return n_start, n_end, n_row, n_pad, gl.cdiv(n_end - n_start, BLOCK_N)
 
 
 @gluon.jit
-def _prologue(kv_ptr, idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, n_tiles, num_slots, block_size,
-              stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, FMT: gl.constexpr, HAS_ROPE: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+def _prologue(i_t, n_start, n_end, n_row, n_pad, n_tiles, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k, num_slots,
+              block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t, stride_idx2_k, num_slots2,
+              block_size2, stride_kv2_blk, stride_kv2_row, raw_s, rope_s, sc_s, FMT: gl.constexpr,
+              HAS_ROPE: gl.constexpr, HAS_EXTRA: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """Tiles 0 .. STAGES-2 in flight; returns the slot ids of tile STAGES-1."""
     ROW: gl.constexpr = gl.SliceLayout(1, _gather_layout(8, gl.num_warps()))
-    idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, BLOCK_N, ROW)
+    idx_nx = _ids_at(n_start, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k, num_slots,
+                     block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t, stride_idx2_k,
+                     num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, BLOCK_N, ROW, HAS_EXTRA)
     for u in gl.static_range(STAGES - 1):
         idx_u = idx_nx
-        idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (u + 1) * BLOCK_N, n_end, BLOCK_N,
-                           ROW)
+        idx_nx = _ids_at(n_start + (u + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                         stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                         stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
+                         BLOCK_N, ROW, HAS_EXTRA)
         if u < n_tiles:
-            _issue(kv_ptr, idx_u, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, u,
-                   FMT, HAS_ROPE)
+            _issue_at(n_start + u * BLOCK_N, idx_u, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                      stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                      stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, raw_s,
+                      rope_s, sc_s, u, FMT, HAS_ROPE, HAS_EXTRA)
         _ac.commit_group()
     return idx_nx
 
@@ -294,7 +447,7 @@ def _store_outputs(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s,
     gl.store(p_o + (3 * 128 + o_c)[None, :], (b_a3 * (b_inv * s_run3)[:, None]).to(ty), mask=m_h[:, None])
 
 
-@gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len"])
+@gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len", "topk2", "num_slots2"])
 def _sparse_mla_fwd_mma2(
     q_nope_ptr, q_pe_ptr, kv_ptr, idx_ptr, topk_len_ptr, sink_ptr, k_scale_ptr, out_ptr, lse_ptr,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
@@ -304,9 +457,12 @@ def _sparse_mla_fwd_mma2(
     stride_l_t, stride_l_s, stride_l_h,
     T, H, topk, num_slots, block_size, num_splits, split_len,
     sm_scale_log2, k_scale,
+    kv2_ptr, idx2_ptr, topk_len2_ptr, stride_kv2_blk, stride_kv2_row, stride_idx2_t, stride_idx2_k, stride_tl2,
+    topk2, num_slots2, block_size2,
     FMT: gl.constexpr, HAS_ROPE: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
     SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     SW_FP8: gl.constexpr, F16_DOT: gl.constexpr, PDL: gl.constexpr,
+    HAS_EXTRA: gl.constexpr, HAS_TOPK_LEN2: gl.constexpr,
 ):
     i_ts = gl.program_id(0)
     i_hb = gl.program_id(1)
@@ -329,9 +485,14 @@ def _sparse_mla_fwd_mma2(
                           q_s, qr_s, UNITS, HAS_ROPE, BLOCK_H)
     if UNITS:
         b_qmax = gl.convert_layout(b_qmax, gl.SliceLayout(1, MMA))
-    n_start, n_end, n_tiles = _row_range(topk_len_ptr, i_t, stride_tl, topk, i_s, split_len, BLOCK_N, HAS_TOPK_LEN)
-    idx_nx = _prologue(kv_ptr, idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, n_tiles, num_slots,
-                       block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, FMT, HAS_ROPE, BLOCK_N, STAGES)
+    n_start, n_end, n_row, n_pad, n_tiles = _row_range(topk_len_ptr, i_t, stride_tl, topk, topk_len2_ptr,
+                                                       stride_tl2, topk2, i_s, split_len, BLOCK_N, HAS_TOPK_LEN,
+                                                       HAS_EXTRA, HAS_TOPK_LEN2)
+    idx_nx = _prologue(i_t, n_start, n_end, n_row, n_pad, n_tiles, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k,
+                       num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t,
+                       stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, raw_s, rope_s, sc_s,
+                       FMT, HAS_ROPE, HAS_EXTRA, BLOCK_N, STAGES)
+    ns_m = _mask_slots(num_slots, num_slots2, HAS_EXTRA)
 
     o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, MMA))
     m_h = o_h < H
@@ -355,15 +516,21 @@ def _sparse_mla_fwd_mma2(
             # this tile's slot ids in the score layout, for the masks (loaded STAGES - 1 steps ago: a cache hit),
             # requested before the wait; the one-buffer variant loads them after the dots, where they hold no
             # registers across them (each placement is the one measured faster for its variant)
-            idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N,
-                              gl.SliceLayout(0, MMA))
+            idx_c = _ids_at(n_start + t * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                            stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                            stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
+                            BLOCK_N, gl.SliceLayout(0, MMA), HAS_EXTRA)
         if STAGES == 1:  # one buffer: the other resident programs hide this tile's latency
             _barrier()  # every warp done with tile t - 1
-            _issue(kv_ptr, idx_nx, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, 0,
-                   FMT, HAS_ROPE)
+            _issue_at(n_start + t * BLOCK_N, idx_nx, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k,
+                      num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t,
+                      stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, raw_s, rope_s, sc_s, 0,
+                      FMT, HAS_ROPE, HAS_EXTRA)
             _ac.commit_group()
-            idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (t + 1) * BLOCK_N, n_end,
-                               BLOCK_N, ROW)
+            idx_nx = _ids_at(n_start + (t + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                             stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                             stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
+                             BLOCK_N, ROW, HAS_EXTRA)
             _ac.wait_group(0)
             _barrier()
         else:
@@ -371,11 +538,15 @@ def _sparse_mla_fwd_mma2(
             _barrier()  # tile t visible to every warp; every warp done with tile t - 1, whose stage is refilled now
             t_nx = t + STAGES - 1
             idx_t = idx_nx
-            idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (t_nx + 1) * BLOCK_N, n_end,
-                               BLOCK_N, ROW)
+            idx_nx = _ids_at(n_start + (t_nx + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                             stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                             stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
+                             BLOCK_N, ROW, HAS_EXTRA)
             if t_nx < n_tiles:
-                _issue(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s,
-                       t_nx % STAGES, FMT, HAS_ROPE)
+                _issue_at(n_start + t_nx * BLOCK_N, idx_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                          stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                          stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, raw_s,
+                          rope_s, sc_s, t_nx % STAGES, FMT, HAS_ROPE, HAS_EXTRA)
             _ac.commit_group()
         b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, MMA)
         if UNITS:
@@ -389,8 +560,11 @@ def _sparse_mla_fwd_mma2(
             b_s = _qk_chunk(q_s, k_t, b_s, s3, 3, DOT_A, DOT_B)
             b_s = b_s * b_qmax[:, None]
         else:
-            if FMT == 2:
-                _dequant_tile_exact(raw_s, sc_s, lat_s.index(0), st, SW_FP8)
+            if FMT >= 2:
+                if FMT == 3:
+                    _dequant_tile_v4(raw_s, sc_s, rope_s, lat_s.index(0), st, SW_FP8)
+                else:
+                    _dequant_tile_exact(raw_s, sc_s, lat_s.index(0), st, SW_FP8)
                 _barrier()
                 k_t = lat_s.index(0)
             else:
@@ -401,9 +575,11 @@ def _sparse_mla_fwd_mma2(
         if HAS_ROPE:
             b_s = ampere.mma_v2(qr_s.load(DOT_A), rope_s.index(st).permute([1, 0]).load(DOT_B), b_s)
         if STAGES == 1:
-            idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N,
-                              gl.SliceLayout(0, MMA))
-        b_p, b_alpha, b_m, b_l = _softmax_step(b_s, idx_c, num_slots, qk_scale, b_m, b_l)
+            idx_c = _ids_at(n_start + t * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                            stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                            stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
+                            BLOCK_N, gl.SliceLayout(0, MMA), HAS_EXTRA)
+        b_p, b_alpha, b_m, b_l = _softmax_step(b_s, idx_c, ns_m, qk_scale, b_m, b_l)
         b_pa = gl.convert_layout(b_p.to(lt), DOT_A)
         if UNITS:  # each accumulator moves to the units of its chunk's scale in this tile
             b_a0 = ampere.mma_v2(b_pa, k_t.slice(0 * 128, 128, dim=1).load(DOT_B),

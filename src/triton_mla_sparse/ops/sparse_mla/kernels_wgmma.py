@@ -20,9 +20,9 @@ from triton.runtime.jit import constexpr_function
 
 from ..._common.launch import CachedLauncher
 from ..._common.pdl import launch_dependents as _launch_dependents
-from .kernels_mma2 import (LATENT, _barrier, _chunk_scales, _dequant_tile, _dequant_tile_exact, _gather_layout, _issue,
-                           _load_idx, _prologue, _q_buffers, _q_to_shared, _row_range, _softmax_step, _store_outputs,
-                           _tile_buffers)
+from .kernels_mma2 import (LATENT, _barrier, _chunk_scales, _dequant_tile, _dequant_tile_exact, _dequant_tile_v4,
+                           _gather_layout, _ids_at, _issue_at, _mask_slots, _prologue, _q_buffers, _q_to_shared,
+                           _row_range, _softmax_step, _store_outputs, _tile_buffers)
 
 
 @constexpr_function
@@ -48,7 +48,7 @@ def _p_layout(block_h, block_n, dtype):
     return gl.NVMMASharedLayout.get_default_for([block_h, block_n], dtype)
 
 
-@gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len"])
+@gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len", "topk2", "num_slots2"])
 def _sparse_mla_fwd_wgmma(
     q_nope_ptr, q_pe_ptr, kv_ptr, idx_ptr, topk_len_ptr, sink_ptr, k_scale_ptr, out_ptr, lse_ptr,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
@@ -58,9 +58,12 @@ def _sparse_mla_fwd_wgmma(
     stride_l_t, stride_l_s, stride_l_h,
     T, H, topk, num_slots, block_size, num_splits, split_len,
     sm_scale_log2, k_scale,
+    kv2_ptr, idx2_ptr, topk_len2_ptr, stride_kv2_blk, stride_kv2_row, stride_idx2_t, stride_idx2_k, stride_tl2,
+    topk2, num_slots2, block_size2,
     FMT: gl.constexpr, HAS_ROPE: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
     SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     SW_FP8: gl.constexpr, F16_DOT: gl.constexpr, PDL: gl.constexpr,
+    HAS_EXTRA: gl.constexpr, HAS_TOPK_LEN2: gl.constexpr,
 ):
     gl.static_assert(BLOCK_H == 64, "the wgmma kernel runs 64-head blocks")
     gl.static_assert(gl.num_warps() == 8, "the wgmma kernel runs two warpgroups")
@@ -83,9 +86,14 @@ def _sparse_mla_fwd_wgmma(
                           q_s, qr_s, UNITS, HAS_ROPE, BLOCK_H)
     if UNITS:
         b_qmax = gl.convert_layout(b_qmax, gl.SliceLayout(1, S_L))
-    n_start, n_end, n_tiles = _row_range(topk_len_ptr, i_t, stride_tl, topk, i_s, split_len, BLOCK_N, HAS_TOPK_LEN)
-    idx_nx = _prologue(kv_ptr, idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, n_tiles, num_slots,
-                       block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, FMT, HAS_ROPE, BLOCK_N, STAGES)
+    n_start, n_end, n_row, n_pad, n_tiles = _row_range(topk_len_ptr, i_t, stride_tl, topk, topk_len2_ptr,
+                                                       stride_tl2, topk2, i_s, split_len, BLOCK_N, HAS_TOPK_LEN,
+                                                       HAS_EXTRA, HAS_TOPK_LEN2)
+    idx_nx = _prologue(i_t, n_start, n_end, n_row, n_pad, n_tiles, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k,
+                       num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t,
+                       stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, raw_s, rope_s, sc_s,
+                       FMT, HAS_ROPE, HAS_EXTRA, BLOCK_N, STAGES)
+    ns_m = _mask_slots(num_slots, num_slots2, HAS_EXTRA)
 
     o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_L))
     m_h = o_h < H
@@ -111,11 +119,15 @@ def _sparse_mla_fwd_wgmma(
         _barrier()  # tile t and q visible; every warp done with tile t - 1 and with the probabilities of t - 1
         t_nx = t + STAGES - 1
         idx_t = idx_nx
-        idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (t_nx + 1) * BLOCK_N, n_end,
-                           BLOCK_N, ROW)
+        idx_nx = _ids_at(n_start + (t_nx + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                         stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                         stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, BLOCK_N,
+                         ROW, HAS_EXTRA)
         if t_nx < n_tiles:
-            _issue(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s,
-                   t_nx % STAGES, FMT, HAS_ROPE)
+            _issue_at(n_start + t_nx * BLOCK_N, idx_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k,
+                      num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t,
+                      stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, raw_s, rope_s, sc_s,
+                      t_nx % STAGES, FMT, HAS_ROPE, HAS_EXTRA)
         _ac.commit_group()
         b_s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_L)
         if UNITS:
@@ -131,8 +143,11 @@ def _sparse_mla_fwd_wgmma(
             b_s = _qk_chunk(q_s, k_t, b_s, s3, 3)
             b_s = b_s * b_qmax[:, None]
         else:
-            if FMT == 2:
-                _dequant_tile_exact(raw_s, sc_s, lat_s.index(0), st, SW_FP8)
+            if FMT >= 2:
+                if FMT == 3:
+                    _dequant_tile_v4(raw_s, sc_s, rope_s, lat_s.index(0), st, SW_FP8)
+                else:
+                    _dequant_tile_exact(raw_s, sc_s, lat_s.index(0), st, SW_FP8)
                 hopper.fence_async_shared()
                 _barrier()
                 k_t = lat_s.index(0)
@@ -146,9 +161,11 @@ def _sparse_mla_fwd_wgmma(
             b_s = hopper.warpgroup_mma(qr_s, rope_s.index(st).permute([1, 0]), b_s)
         # this tile's slot ids in the score layout, for the masks (loaded STAGES - 1 steps ago: a cache hit; loaded
         # here, not at the top of the step, so they hold no registers across the dots)
-        idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N,
-                          gl.SliceLayout(0, S_L))
-        b_p, b_alpha, b_m, b_l = _softmax_step(b_s, idx_c, num_slots, qk_scale, b_m, b_l)
+        idx_c = _ids_at(n_start + t * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k,
+                        num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t,
+                        stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, BLOCK_N,
+                        gl.SliceLayout(0, S_L), HAS_EXTRA)
+        b_p, b_alpha, b_m, b_l = _softmax_step(b_s, idx_c, ns_m, qk_scale, b_m, b_l)
         p_s.store(b_p.to(lt))
         hopper.fence_async_shared()
         _barrier()  # both warpgroups' probabilities in place

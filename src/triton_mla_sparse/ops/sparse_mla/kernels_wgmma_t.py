@@ -11,13 +11,14 @@ each tile. This kernel swaps the operands instead, so M is the 64 rows of a tile
   memory in its stored order (an M-major operand) and Pᵀ written to shared memory once per tile; four
   ``[128, BLOCK_H]`` float32 accumulators (64 registers per thread at 16 heads).
 
-The memory pipeline, grid, arguments and outputs are those of :mod:`.kernels_mma2` (whose helpers it uses):
-cp.async row gathers STAGES − 1 tiles ahead, fp8_ds_mla rows dequantised once per tile into a bf16 tile of exact
-values. With ``OVERLAP`` (fp8_ds_mla) the loop is software-pipelined: the next tile is dequantised one 128-column
-chunk at a time while this tile's four output MMAs run, each chunk only after the MMA that reads those columns has
-completed in every warp (a wait, then a barrier). One warpgroup per program (8 warps: two, each MMA on half the
-heads — measured slower, kept buildable); a 64-row tile of bf16 rows takes 72 KB per stage, so a program fills most
-of an SM's shared memory and the stages, not other programs, hide the gathers' latency.
+The memory pipeline, grid, arguments and outputs are those of :mod:`.kernels_mma2` (whose helpers it uses): cp.async
+row gathers STAGES − 1 tiles ahead, fp8_ds_mla rows and DeepSeek-V4 pages dequantised once per tile into a bf16 tile
+of exact values, an extra cache after the main list. With ``OVERLAP`` (the fp8 formats) the loop is
+software-pipelined: the next tile is dequantised one 128-column chunk at a time while this tile's four output MMAs
+run, each chunk only after the MMA that reads those columns has completed in every warp (a wait, then a barrier).
+One warpgroup per program (8 warps: two, each MMA on half the heads — measured slower, kept buildable); a 64-row
+tile of bf16 rows takes 72 KB per stage, so a program fills most of an SM's shared memory and the stages, not other
+programs, hide the gathers' latency.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from triton.runtime.jit import constexpr_function
 from ..._common.launch import CachedLauncher
 from ..._common.fp8 import e4m3_to_f32 as _e4m3_to_f32
 from ..._common.pdl import launch_dependents as _launch_dependents
-from .kernels_mma2 import (LATENT, ROPE, _barrier, _gather_layout, _issue, _load_idx, _prologue, _q_to_shared,
-                           _row_range, _tile_buffers)
+from .kernels_mma2 import (LATENT, ROPE, _barrier, _dequant_chunk_v4, _gather_layout, _ids_at, _issue_at,
+                           _mask_slots, _prologue, _q_to_shared, _row_range, _tile_buffers)
 
 DEQ_W = gl.constexpr(128)  # columns per step of the fp8_ds_mla dequantisation
 
@@ -72,22 +73,32 @@ def _dequant_chunk_t(raw_s, sc_s, deq_s, st, C: gl.constexpr, W: gl.constexpr, S
 
 
 @gluon.jit
-def _dequant_tile_t(raw_s, sc_s, deq_s, st, W: gl.constexpr, SW_FP8: gl.constexpr):
-    """:func:`_dequant_chunk_t` for the whole tile."""
-    for c in gl.static_range(LATENT // 128):
-        _dequant_chunk_t(raw_s, sc_s, deq_s, st, c, W, SW_FP8)
+def _dequant_chunk_any(raw_s, sc_s, rope_s, deq_s, st, C: gl.constexpr, FMT: gl.constexpr, SW_FP8: gl.constexpr):
+    """Latent chunk ``C`` of stage ``st`` dequantised into ``deq_s``: fp8_ds_mla (:func:`_dequant_chunk_t`) or
+    DeepSeek-V4 pages (:func:`.kernels_mma2._dequant_chunk_v4`)."""
+    if FMT == 3:
+        _dequant_chunk_v4(raw_s, sc_s, rope_s, deq_s, st, C, SW_FP8)
+    else:
+        _dequant_chunk_t(raw_s, sc_s, deq_s, st, C, DEQ_W, SW_FP8)
 
 
 @gluon.jit
-def _dequant_after_pv(acc, YOUNGER: gl.constexpr, more, raw_s, sc_s, deq_s, st, C: gl.constexpr,
-                      SW_FP8: gl.constexpr):
+def _dequant_tile_t(raw_s, sc_s, rope_s, deq_s, st, FMT: gl.constexpr, SW_FP8: gl.constexpr):
+    """:func:`_dequant_chunk_any` for the whole tile."""
+    for c in gl.static_range(LATENT // 128):
+        _dequant_chunk_any(raw_s, sc_s, rope_s, deq_s, st, c, FMT, SW_FP8)
+
+
+@gluon.jit
+def _dequant_after_pv(acc, YOUNGER: gl.constexpr, more, raw_s, sc_s, rope_s, deq_s, st, C: gl.constexpr,
+                      FMT: gl.constexpr, SW_FP8: gl.constexpr):
     """The overlap loop's step for latent chunk ``C``: wait for this tile's output MMA of the chunk (``YOUNGER``
     MMAs issued after it may still run), then — once every warp's is done, so no MMA still reads those columns —
     dequantise chunk ``C`` of the next tile (stage ``st``) into them, if there is one. Returns the accumulator."""
     acc = hopper.warpgroup_mma_wait(YOUNGER, deps=[acc])
     _barrier()
     if more:
-        _dequant_chunk_t(raw_s, sc_s, deq_s, st, C, DEQ_W, SW_FP8)
+        _dequant_chunk_any(raw_s, sc_s, rope_s, deq_s, st, C, FMT, SW_FP8)
     return acc
 
 
@@ -154,7 +165,7 @@ def _store_outputs_t(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_
     gl.store(p_o + (3 * 128 + o_d)[:, None], (b_a3 * b_inv[None, :]).to(ty), mask=m_h[None, :])
 
 
-@gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len"])
+@gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len", "topk2", "num_slots2"])
 def _sparse_mla_fwd_wgmma_t(
     q_nope_ptr, q_pe_ptr, kv_ptr, idx_ptr, topk_len_ptr, sink_ptr, k_scale_ptr, out_ptr, lse_ptr,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
@@ -164,9 +175,12 @@ def _sparse_mla_fwd_wgmma_t(
     stride_l_t, stride_l_s, stride_l_h,
     T, H, topk, num_slots, block_size, num_splits, split_len,
     sm_scale_log2, k_scale,
+    kv2_ptr, idx2_ptr, topk_len2_ptr, stride_kv2_blk, stride_kv2_row, stride_idx2_t, stride_idx2_k, stride_tl2,
+    topk2, num_slots2, block_size2,
     FMT: gl.constexpr, HAS_ROPE: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
     SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     SW_FP8: gl.constexpr, F16_DOT: gl.constexpr, OVERLAP: gl.constexpr, PDL: gl.constexpr,
+    HAS_EXTRA: gl.constexpr, HAS_TOPK_LEN2: gl.constexpr,
 ):
     gl.static_assert(BLOCK_N == 64, "the tile's rows are the 64 rows of a warpgroup MMA")
     gl.static_assert(gl.num_warps() == 4 or gl.num_warps() == 8, "one or two warpgroups")
@@ -193,9 +207,14 @@ def _sparse_mla_fwd_wgmma_t(
     raw_s, sc_s, lat_s = _tile_buffers(dt, dt, FMT, BLOCK_N, STAGES)
     _q_to_shared(q_nope_ptr, q_pe_ptr, i_t, i_hb, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H,
                  q_s.index(0), qr_s.index(0), False, HAS_ROPE, BLOCK_H)
-    n_start, n_end, n_tiles = _row_range(topk_len_ptr, i_t, stride_tl, topk, i_s, split_len, BLOCK_N, HAS_TOPK_LEN)
-    idx_nx = _prologue(kv_ptr, idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start, n_end, n_tiles, num_slots,
-                       block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, FMT, HAS_ROPE, BLOCK_N, STAGES)
+    n_start, n_end, n_row, n_pad, n_tiles = _row_range(topk_len_ptr, i_t, stride_tl, topk, topk_len2_ptr,
+                                                       stride_tl2, topk2, i_s, split_len, BLOCK_N, HAS_TOPK_LEN,
+                                                       HAS_EXTRA, HAS_TOPK_LEN2)
+    idx_nx = _prologue(i_t, n_start, n_end, n_row, n_pad, n_tiles, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k,
+                       num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t,
+                       stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, raw_s, rope_s, sc_s,
+                       FMT, HAS_ROPE, HAS_EXTRA, BLOCK_N, STAGES)
+    ns_m = _mask_slots(num_slots, num_slots2, HAS_EXTRA)
 
     o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, HEADS)
     m_h = o_h < H
@@ -207,19 +226,24 @@ def _sparse_mla_fwd_wgmma_t(
     b_a2 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
     b_a3 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
 
-    if FMT == 2 and OVERLAP:
-        # fp8_ds_mla, software-pipelined: tile t + 1 is dequantised chunk by chunk while the output MMAs of tile t
-        # run, each chunk once the MMA that reads those columns of tile t is done
+    if FMT >= 2 and OVERLAP:
+        # fp8_ds_mla / V4 pages, software-pipelined: tile t + 1 is dequantised chunk by chunk while the output MMAs of
+        # tile t run, each chunk once the MMA that reads those columns of tile t is done
         _ac.wait_group(STAGES - 2)
         _barrier()  # tile 0 visible to every warp
         idx_t = idx_nx
-        idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + STAGES * BLOCK_N, n_end, BLOCK_N, ROW)
+        idx_nx = _ids_at(n_start + STAGES * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                         stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                         stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, BLOCK_N,
+                         ROW, HAS_EXTRA)
         if STAGES - 1 < n_tiles:
-            _issue(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s,
-                   STAGES - 1, FMT, HAS_ROPE)
+            _issue_at(n_start + (STAGES - 1) * BLOCK_N, idx_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                      stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                      stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, raw_s,
+                      rope_s, sc_s, STAGES - 1, FMT, HAS_ROPE, HAS_EXTRA)
         _ac.commit_group()
         if n_tiles > 0:
-            _dequant_tile_t(raw_s, sc_s, lat_s.index(0), 0, DEQ_W, SW_FP8)
+            _dequant_tile_t(raw_s, sc_s, rope_s, lat_s.index(0), 0, FMT, SW_FP8)
         hopper.fence_async_shared()
         _barrier()  # tile 0 dequantised, q in place
         for t in range(0, n_tiles):
@@ -228,19 +252,26 @@ def _sparse_mla_fwd_wgmma_t(
             k_t = lat_s.index(i_z)
             p_t = pt_s.index(i_z)
             b_s = _scores_t(k_t, q_s.index(i_z), rope_s.index(st), qr_s.index(i_z), BLOCK_N, BLOCK_H, HAS_ROPE, A_L)
-            idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N, ROWS)
-            b_p, b_alpha, b_m, b_l = _softmax_t(b_s, idx_c, num_slots, sm_scale_log2, b_m, b_l)
+            idx_c = _ids_at(n_start + t * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                            stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                            stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
+                            BLOCK_N, ROWS, HAS_EXTRA)
+            b_p, b_alpha, b_m, b_l = _softmax_t(b_s, idx_c, ns_m, sm_scale_log2, b_m, b_l)
             p_t.store(b_p.to(dt))
             _ac.wait_group(STAGES - 2)
             hopper.fence_async_shared()
             _barrier()  # the probabilities and tile t + 1 visible; every warp done with the scores of tile t
             t_nx = t + STAGES  # into the stage of tile t, whose bytes are dequantised and RoPE rows read
             idx_t = idx_nx
-            idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (t_nx + 1) * BLOCK_N, n_end,
-                               BLOCK_N, ROW)
+            idx_nx = _ids_at(n_start + (t_nx + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                             stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                             stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
+                             BLOCK_N, ROW, HAS_EXTRA)
             if t_nx < n_tiles:
-                _issue(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s, st,
-                       FMT, HAS_ROPE)
+                _issue_at(n_start + t_nx * BLOCK_N, idx_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                          stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                          stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, raw_s,
+                          rope_s, sc_s, st, FMT, HAS_ROPE, HAS_EXTRA)
             _ac.commit_group()
             b_a0 = _pv_t(k_t, p_t, 0, b_a0 * b_alpha[None, :])
             b_a1 = _pv_t(k_t, p_t, 1, b_a1 * b_alpha[None, :])
@@ -248,10 +279,10 @@ def _sparse_mla_fwd_wgmma_t(
             b_a3 = _pv_t(k_t, p_t, 3, b_a3 * b_alpha[None, :])
             more = t + 1 < n_tiles
             st1 = (t + 1) % STAGES
-            b_a0 = _dequant_after_pv(b_a0, 3, more, raw_s, sc_s, k_t, st1, 0, SW_FP8)
-            b_a1 = _dequant_after_pv(b_a1, 2, more, raw_s, sc_s, k_t, st1, 1, SW_FP8)
-            b_a2 = _dequant_after_pv(b_a2, 1, more, raw_s, sc_s, k_t, st1, 2, SW_FP8)
-            b_a3 = _dequant_after_pv(b_a3, 0, more, raw_s, sc_s, k_t, st1, 3, SW_FP8)
+            b_a0 = _dequant_after_pv(b_a0, 3, more, raw_s, sc_s, rope_s, k_t, st1, 0, FMT, SW_FP8)
+            b_a1 = _dequant_after_pv(b_a1, 2, more, raw_s, sc_s, rope_s, k_t, st1, 1, FMT, SW_FP8)
+            b_a2 = _dequant_after_pv(b_a2, 1, more, raw_s, sc_s, rope_s, k_t, st1, 2, FMT, SW_FP8)
+            b_a3 = _dequant_after_pv(b_a3, 0, more, raw_s, sc_s, rope_s, k_t, st1, 3, FMT, SW_FP8)
             hopper.fence_async_shared()
             _barrier()  # tile t + 1 dequantised; every warp done with the probabilities of tile t
     else:
@@ -263,25 +294,32 @@ def _sparse_mla_fwd_wgmma_t(
             _barrier()  # tile t and q visible; every warp done with tile t - 1 and its probabilities
             t_nx = t + STAGES - 1
             idx_t = idx_nx
-            idx_nx = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + (t_nx + 1) * BLOCK_N, n_end,
-                               BLOCK_N, ROW)
+            idx_nx = _ids_at(n_start + (t_nx + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                             stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                             stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
+                             BLOCK_N, ROW, HAS_EXTRA)
             if t_nx < n_tiles:
-                _issue(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, raw_s, rope_s, sc_s,
-                       t_nx % STAGES, FMT, HAS_ROPE)
+                _issue_at(n_start + t_nx * BLOCK_N, idx_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                          stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                          stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, raw_s,
+                          rope_s, sc_s, t_nx % STAGES, FMT, HAS_ROPE, HAS_EXTRA)
             _ac.commit_group()
             i_z = _zero(t)
             p_t = pt_s.index(i_z)
-            if FMT == 2:
+            if FMT >= 2:
                 k_t = lat_s.index(i_z)
-                _dequant_tile_t(raw_s, sc_s, k_t, st, DEQ_W, SW_FP8)
+                _dequant_tile_t(raw_s, sc_s, rope_s, k_t, st, FMT, SW_FP8)
                 hopper.fence_async_shared()
                 _barrier()
             else:
                 k_t = lat_s.index(st)
             b_s = _scores_t(k_t, q_s.index(i_z), rope_s.index(st), qr_s.index(i_z), BLOCK_N, BLOCK_H, HAS_ROPE, A_L)
             # this tile's slot ids along the score rows, for the mask (loaded STAGES - 1 steps ago: a cache hit)
-            idx_c = _load_idx(idx_ptr, i_t, stride_idx_t, stride_idx_k, n_start + t * BLOCK_N, n_end, BLOCK_N, ROWS)
-            b_p, b_alpha, b_m, b_l = _softmax_t(b_s, idx_c, num_slots, sm_scale_log2, b_m, b_l)
+            idx_c = _ids_at(n_start + t * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                            stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                            stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
+                            BLOCK_N, ROWS, HAS_EXTRA)
+            b_p, b_alpha, b_m, b_l = _softmax_t(b_s, idx_c, ns_m, sm_scale_log2, b_m, b_l)
             p_t.store(b_p.to(dt))
             hopper.fence_async_shared()
             _barrier()  # every warp's probabilities in place
