@@ -175,10 +175,12 @@ GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         (32, "fp8_ds_mla"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
         (64, "16bit"): _W(64, 64, 8, 2, 1),
         (64, "fp8_ds_mla"): _W(64, 64, 8, 2, 1),
-        # DeepSeek-V4 pages: fp8_ds_mla's kernels (the same dequantised bf16 tile, from V4's rows and footers)
+        # DeepSeek-V4 pages: the same dequantised bf16 tile, from V4's rows and footers (window 128 + 512 compressed
+        # entries, graph ms vs FlashMLA's V4 kernel: h8 B=64 0.024 vs 0.045, B=256 0.079 vs 0.088); 64 heads decode
+        # as two 32-head wgmma_t blocks (B=64 0.049 vs wgmma's 0.053) and prefill (B=256) with wgmma (0.114 vs 0.166)
         (16, "fp8_ds_mla_v4"): _T(16, 64, 4, 2, 1, max_waves=1, overlap=True, prefill_stages=3, pdl=True),
         (32, "fp8_ds_mla_v4"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
-        (64, "fp8_ds_mla_v4"): _W(64, 64, 8, 2, 1),
+        (64, "fp8_ds_mla_v4"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
     },
     # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB)
     "sm80": {(hc, cc): _M(16, 32, 4, 3, 1) for hc in HEAD_CLASSES
