@@ -19,10 +19,11 @@ MODULES = {"DeepSeek-V4": "vllm.models.deepseek_v4.nvidia.model",
 # A fragment of each component's line in the error, and the models (and capabilities below which) it blocks.
 FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, CASTS = ("FlashMLA", "fp8_fp4_paged_mqa_logits", "fp8_einsum",
                                                       "tf32_hc_prenorm_gemm", "CuTeDSL", "float8e4nv")
+# DeepSeek-V4's attention is routed to the plugin's layer below SM 9.0: FlashMLA no longer blocks it.
 EXPECTED = {
-    ("DeepSeek-V4", (8, 0)): {FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, CASTS},
-    ("DeepSeek-V4", (8, 6)): {FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, CASTS},
-    ("DeepSeek-V4", (8, 9)): {FLASHMLA, INDEXER, EINSUM, MHC},
+    ("DeepSeek-V4", (8, 0)): {INDEXER, EINSUM, MHC, COMPRESSOR, CASTS},
+    ("DeepSeek-V4", (8, 6)): {INDEXER, EINSUM, MHC, COMPRESSOR, CASTS},
+    ("DeepSeek-V4", (8, 9)): {INDEXER, EINSUM, MHC},
     ("DeepSeek-V4.1", (8, 0)): {FLASHMLA, INDEXER, EINSUM, CASTS},
     ("DeepSeek-V4.1", (8, 6)): {FLASHMLA, INDEXER, EINSUM, CASTS},
     ("DeepSeek-V4.1", (8, 9)): {FLASHMLA, INDEXER, EINSUM},
@@ -68,12 +69,61 @@ def test_the_build_stops_with_one_error_naming_each_component(checked, cuda_plat
     for fragment in ALL - EXPECTED[model, capability]:
         assert fragment not in msg
     assert msg.count("\n  - ") == len(EXPECTED[model, capability])
-    assert f"does not route {model} to portable kernels" in msg and f"{policy.DSV4_ENV}=off" in msg
+    routed = model == "DeepSeek-V4"
+    assert (f"runs the attention of {model} on its own kernels" in msg) == routed
+    assert (f"does not route {model} to portable kernels" in msg) == (not routed)
+    assert f"{policy.DSV4_ENV}=off" in msg
+
+
+def _v4_config(heads=64, window=128, tp=1):
+    """The parts of a VllmConfig that the SM 12.x question reads (FlashInfer's kernels for the padded heads and
+    the window)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(num_attention_heads=heads,
+                                                                                  sliding_window=window)),
+                           parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+                           attention_config=SimpleNamespace(use_non_causal=False), speculative_config=None)
+
+
+@pytest.mark.parametrize("ready", [True, False])
+def test_sm12x_routes_v4_where_flashinfer_has_no_kernel(checked, cuda_platform_module, monkeypatch, ready):
+    monkeypatch.setattr(v4, "flashinfer_sm120_ready", lambda cfg: ready)
+    for model, module in checked.items():
+        got = _select(cuda_platform_module, module, (12, 0))
+        ours = model == "DeepSeek-V4" and not ready
+        assert (got.__name__ == "DeepseekV4TritonMLAAttention") == ours, (model, got)
+        if not ours:
+            assert got.__name__ == "DeepseekV4FlashInferSM120Attention"
+
+
+def test_flashinfer_sm120_ready_asks_vllms_own_functions(cuda_platform_module):
+    from vllm.models.deepseek_v4.nvidia.flashinfer_sparse import _pad_to_supported_q_heads
+    from vllm.utils.flashinfer import has_flashinfer_sparse_mla_sm120, has_flashinfer_sparse_mla_sm120_config
+
+    for heads, tp in ((64, 8), (64, 1), (128, 2)):
+        want = has_flashinfer_sparse_mla_sm120() and has_flashinfer_sparse_mla_sm120_config(
+            _pad_to_supported_q_heads(heads // tp), 128)
+        assert v4.flashinfer_sm120_ready(_v4_config(heads, 128, tp)) == want
+    assert not v4.flashinfer_sm120_ready(object())  # cannot be asked: missing (vLLM would refuse the layer)
+
+
+@pytest.mark.parametrize("capability", [(8, 9), (9, 0), (10, 0), (12, 0)])
+def test_triton_mode_routes_v4_everywhere(checked, cuda_platform_module, monkeypatch, capability):
+    monkeypatch.setenv(policy.DSV4_ENV, "triton")
+    for model, module in checked.items():
+        if capability < (9, 0):  # the other components still stop the build there
+            with pytest.raises(ValueError, match="cannot run on this GPU"):
+                _select(cuda_platform_module, module, capability)
+            continue
+        got = _select(cuda_platform_module, module, capability)
+        assert (got.__name__ == "DeepseekV4TritonMLAAttention") == (model == "DeepSeek-V4"), (model, got)
 
 
 @pytest.mark.parametrize("model", sorted(MODULES))
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0), (12, 0)])
-def test_no_change_where_vllms_path_runs(checked, cuda_platform_module, model, capability):
+def test_no_change_where_vllms_path_runs(checked, cuda_platform_module, monkeypatch, model, capability):
+    monkeypatch.setattr(v4, "flashinfer_sm120_ready", lambda cfg: True)  # SM 12.x with FlashInfer's V4 kernels
     module = checked[model]
     got = _select(cuda_platform_module, module, capability)
     from vllm.config import VllmConfig

@@ -53,10 +53,11 @@ parses arguments. ``register`` is idempotent and never changes vLLM's files. It
    has no native one (below SM 8.9); ``TRITON_MLA_SPARSE_SOFT_FP8=auto|always|off``, see
    :mod:`triton_mla_sparse.integrations.vllm.fp8_compat`.
 
-5. on the CUDA platform, stops the build of a DeepSeek-V4 / V4.1 model with one ``ValueError`` naming the components
-   of vLLM 0.33's V4 path that do not run on the GPU (SM 8.x: FlashMLA, DeepGEMM, ...) instead of letting it fail
-   inside the kernels at run time; ``TRITON_MLA_SPARSE_DSV4=auto|off``, see
-   :mod:`triton_mla_sparse.integrations.vllm.v4`.
+5. on the CUDA platform, gives DeepSeek-V4's attention layers this package's kernels where vLLM 0.33 has no layer
+   that runs (below SM 9.0; SM 12.x without FlashInfer's V4 kernels), and stops the build of a DeepSeek-V4 / V4.1
+   model with one ``ValueError`` naming the components of vLLM's V4 path that still do not run on the GPU (SM 8.x:
+   DeepGEMM, ...) instead of letting it fail inside the kernels at run time; ``TRITON_MLA_SPARSE_DSV4=auto|triton|
+   off``, see :mod:`triton_mla_sparse.integrations.vllm.v4`.
 
 A value of any of these variables outside its modes raises ``ValueError`` from :func:`register` (see
 :mod:`~triton_mla_sparse.integrations.vllm.policy`); any other failure is logged and leaves vLLM running. This
@@ -349,9 +350,9 @@ def install_soft_fp8() -> bool:
 
 
 def install_dsv4_check() -> bool:
-    """Stop DeepSeek-V4 / V4.1 builds on GPUs where vLLM's V4 path does not run (see :mod:`.v4`) unless
-    ``TRITON_MLA_SPARSE_DSV4=off`` or the platform is not CUDA. Returns whether the check is in place after the
-    call; a bad ``TRITON_MLA_SPARSE_DSV4`` raises ``ValueError``."""
+    """Route DeepSeek-V4's attention and stop V4 / V4.1 builds on GPUs where vLLM's V4 path does not run (see
+    :mod:`.v4`) unless ``TRITON_MLA_SPARSE_DSV4=off`` or the platform is not CUDA. Returns whether the check is in
+    place after the call; a bad ``TRITON_MLA_SPARSE_DSV4`` raises ``ValueError``."""
     if dsv4_mode() == "off":
         return False
     from .v4 import install

@@ -15,10 +15,10 @@ and its modes (so :func:`~triton_mla_sparse.integrations.vllm.register` stops vL
 * ``TRITON_MLA_SPARSE_SOFT_FP8`` = ``auto`` | ``always`` | ``off``: whether vLLM's DSA Triton kernels cast to e4m3
   in software (``auto``: builds for CUDA targets below sm89; ``always``: every CUDA target; see
   :mod:`triton_mla_sparse.integrations.vllm.fp8_compat`);
-* ``TRITON_MLA_SPARSE_DSV4`` = ``auto`` | ``off``: whether building a DeepSeek-V4 / V4.1 model on a GPU where vLLM
-  0.33 has no working path for some of its components stops with one ``ValueError`` naming them (``auto``) or is
-  left to vLLM (``off``: it then fails inside the kernels at run time); see
-  :mod:`triton_mla_sparse.integrations.vllm.v4`.
+* ``TRITON_MLA_SPARSE_DSV4`` = ``auto`` | ``triton`` | ``off``: DeepSeek-V4's attention on this package's kernels
+  where vLLM 0.33 has none that runs (``auto``) or on every CUDA GPU from SM 8.0 (``triton``), and a build that
+  stops with one ``ValueError`` naming the components that still cannot run; ``off``: left to vLLM (it then fails
+  inside the kernels at run time); see :mod:`triton_mla_sparse.integrations.vllm.v4`.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ INDEXER_MODES = ("auto", "always", "off")
 SOFT_FP8_ENV = "TRITON_MLA_SPARSE_SOFT_FP8"
 SOFT_FP8_MODES = ("auto", "always", "off")
 DSV4_ENV = "TRITON_MLA_SPARSE_DSV4"
-DSV4_MODES = ("auto", "off")
+DSV4_MODES = ("auto", "triton", "off")
 _ENV_MODES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     PRIORITY_ENV: (PRIORITY_MODES, {"auto": "default"}),
     INDEXER_ENV: (INDEXER_MODES, {}),

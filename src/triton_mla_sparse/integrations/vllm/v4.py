@@ -1,12 +1,17 @@
-"""DeepSeek-V4 / V4.1 on GPUs where vLLM 0.33's model cannot run: one error when the model is built.
+"""DeepSeek-V4 / V4.1 on GPUs where vLLM 0.33's model cannot run: our attention, or one error when it is built.
 
 vLLM 0.33 builds DeepSeek-V4 (``vllm.models.deepseek_v4``) and V4.1 (``vllm.models.deepseek_v41``) on the CUDA
 platform from its ``nvidia`` model modules on every GPU. Each decoder layer (main model, MTP and DSpark drafters)
 asks the module's ``_select_dsv4_attn_cls(vllm_config)`` for its attention class: FlashInfer on SM 12.x, FlashMLA
 (or, for V4.1 on SM 10.x, FlashMLA mega attention) everywhere else. Nothing checks the GPU, so on SM 8.0/8.6/8.9
-the model builds and then fails inside the kernels at run time. :data:`COMPONENTS` lists each piece of that path
-that needs a newer GPU, with the lowest compute capability it runs on; the later routing work replaces a row's
-rejection by a route to portable code.
+the model builds and then fails inside the kernels at run time; on SM 12.x without FlashInfer's SM120 V4 kernels
+vLLM refuses to build the layer. :data:`COMPONENTS` lists each piece of that path that needs a newer GPU, with the
+lowest compute capability it runs on.
+
+Where :func:`routes_attention` says so, the wrapper returns this package's V4 attention layer
+(:func:`.v4_attention.triton_attention_cls`: both caches and the sink read by the Triton kernels) instead of vLLM's
+class, and the attention row no longer blocks; the other rows still do (no portable path of ours yet). DeepSeek-V4
+only: V4.1's layer is vLLM's everywhere.
 
 :func:`install` (called by :func:`triton_mla_sparse.integrations.vllm.register` on vLLM's CUDA platform) wraps
 ``_select_dsv4_attn_cls`` of both model modules: when the module is already imported at once, otherwise when it is
@@ -17,8 +22,10 @@ raises for a configuration it cannot serve (an unsuitable ``--attention-backend`
 decoder layer is built, before any weight is allocated or loaded. On every other capability (or when the
 capability is unknown) vLLM's function runs unchanged.
 
-Switch: ``TRITON_MLA_SPARSE_DSV4`` = ``auto`` (default: the check above) | ``off`` (nothing is wrapped; vLLM then
-fails at run time as without the plugin), read by :func:`install`. Where vLLM's function is missing or has another
+Switch: ``TRITON_MLA_SPARSE_DSV4`` = ``auto`` (default: the check above; our attention where vLLM has none: below
+SM 9.0, and on SM 12.x without FlashInfer's V4 kernels for the model's heads and window) | ``triton`` (our attention
+for DeepSeek-V4 on every CUDA GPU from SM 8.0 on, e.g. to compare it with vLLM's in one engine) | ``off`` (nothing
+is wrapped; vLLM then fails at run time as without the plugin), read by :func:`install`. Where vLLM's function is missing or has another
 signature than vLLM 0.33's, one warning is logged and that module is left alone. This module imports vLLM inside
 functions only and never touches CUDA.
 """
@@ -37,8 +44,9 @@ from typing import Any
 
 from .policy import DSV4_ENV, DSV4_MODES, dsv4_mode, logger, warn_once
 
-__all__ = ["Component", "COMPONENTS", "MODEL_MODULES", "HOOK_NAME", "EXPECTED_HOOK_PARAMS", "blocking_components",
-           "error_message", "check_capability", "wrap_module", "install", "uninstall", "installed_modules"]
+__all__ = ["Component", "COMPONENTS", "ATTENTION", "MODEL_MODULES", "HOOK_NAME", "EXPECTED_HOOK_PARAMS",
+           "blocking_components", "error_message", "check_capability", "routes_attention", "flashinfer_sm120_ready",
+           "wrap_module", "install", "uninstall", "installed_modules"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +73,8 @@ COMPONENTS: tuple[Component, ...] = (
         "vllm.v1.attention.ops.flashmla.flash_mla_sparse_fwd",
         (9, 0), (V4, V41),
         "DeepseekV4FlashMLAAttention (flash_mla_sparse_fwd, flash_mla_with_kvcache): built for SM90/SM100; "
-        "_select_dsv4_attn_cls picks it on every GPU but SM 12.x (FlashInfer there). triton-mla-sparse reads V4's "
-        "cache (fp8_ds_mla_v4) but is not routed yet."),
+        "_select_dsv4_attn_cls picks it on every GPU but SM 12.x (FlashInfer there). For DeepSeek-V4 the plugin "
+        "routes the layer to its own kernels below SM 9.0 (routes_attention), so the row blocks V4.1 only."),
     Component(
         "indexer logits (DeepGEMM fp8_fp4_mqa_logits / fp8_fp4_paged_mqa_logits)",
         "vllm.utils.deep_gemm.fp8_fp4_paged_mqa_logits",
@@ -102,6 +110,9 @@ COMPONENTS: tuple[Component, ...] = (
         "DeepSeek-V3.2's kernels so far."),
 )
 
+#: The attention row: routed to this package's layer (not blocking) wherever :func:`routes_attention` holds.
+ATTENTION = COMPONENTS[0]
+
 #: vLLM 0.33's CUDA model modules whose ``_select_dsv4_attn_cls`` every decoder layer calls, and their model.
 MODEL_MODULES: dict[str, str] = {
     "vllm.models.deepseek_v4.nvidia.model": V4,
@@ -119,16 +130,19 @@ def _cap(capability: Any) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def blocking_components(capability: Any, model: str = V4,
-                        components: Sequence[Component] = COMPONENTS) -> list[Component]:
+def blocking_components(capability: Any, model: str = V4, components: Sequence[Component] = COMPONENTS,
+                        routed: bool = False) -> list[Component]:
     """The components of ``model``'s path (:data:`COMPONENTS` by default) that do not run at ``capability``
-    (a ``DeviceCapability`` or a ``(major, minor)`` pair)."""
+    (a ``DeviceCapability`` or a ``(major, minor)`` pair); ``routed``: the attention runs on this package's layer
+    (:data:`ATTENTION` does not block)."""
     cap = _cap(capability)
-    return [c for c in components if model in c.models and cap < c.min_capability]
+    return [c for c in components if model in c.models and cap < c.min_capability
+            and not (routed and c is ATTENTION)]
 
 
-def error_message(capability: Any, model: str, blocking: Sequence[Component]) -> str:
-    """The text of the build error for ``model`` at ``capability`` with these blocking components."""
+def error_message(capability: Any, model: str, blocking: Sequence[Component], routed: bool = False) -> str:
+    """The text of the build error for ``model`` at ``capability`` with these blocking components (``routed``:
+    the attention itself is routed to this package's kernels)."""
     major, minor = _cap(capability)
     lines = [f"triton-mla-sparse: {model} cannot run on this GPU (compute capability {major}.{minor}) with vLLM "
              f"0.33: these components of its model need a newer GPU and would fail inside their kernels at run "
@@ -136,20 +150,58 @@ def error_message(capability: Any, model: str, blocking: Sequence[Component]) ->
     for c in blocking:
         lines.append(f"  - {c.name} ({c.vllm_function}): needs compute capability "
                      f"{c.min_capability[0]}.{c.min_capability[1]} or newer")
-    lines.append(f"triton-mla-sparse does not route {model} to portable kernels on this GPU yet. Use a GPU with "
-                 f"compute capability 9.0, 10.x or 12.x, or set {DSV4_ENV}=off to let vLLM build the model anyway "
-                 f"(it then fails at run time).")
+    done = "runs the attention of" if routed else "does not route"
+    lines.append(f"triton-mla-sparse {done} {model} {'on its own kernels' if routed else 'to portable kernels'} on "
+                 f"this GPU{'' if routed else ' yet'}; the components above have no portable path yet. Use a GPU "
+                 f"with compute capability 9.0, 10.x or 12.x, or set {DSV4_ENV}=off to let vLLM build the model "
+                 f"anyway (it then fails at run time).")
     return "\n".join(lines)
 
 
-def check_capability(capability: Any, model: str) -> None:
-    """Raise the build error (``ValueError``) when a component of ``model`` does not run at ``capability``; None
-    (capability unknown) passes."""
+def check_capability(capability: Any, model: str, routed: bool = False) -> None:
+    """Raise the build error (``ValueError``) when a component of ``model`` does not run at ``capability``
+    (``routed``: the attention runs on this package's layer); None (capability unknown) passes."""
     if capability is None:
         return
-    blocking = blocking_components(capability, model)
+    blocking = blocking_components(capability, model, routed=routed)
     if blocking:
-        raise ValueError(error_message(capability, model, blocking))
+        raise ValueError(error_message(capability, model, blocking, routed))
+
+
+def flashinfer_sm120_ready(vllm_config: Any) -> bool:
+    """Whether vLLM's SM 12.x V4 layer can be built for this model: FlashInfer's SM120 sparse MLA decode API and
+    its specialisation for the layer's padded heads and window (what ``DeepseekV4FlashInferSM120Attention``
+    checks in its constructor, asked here with vLLM's own functions). False when any of that is missing or cannot
+    be asked."""
+    try:
+        from vllm.models.deepseek_v4.nvidia.flashinfer_sparse import (_pad_to_supported_q_heads,
+                                                                      _required_sm120_sparse_topk)
+        from vllm.utils.flashinfer import has_flashinfer_sparse_mla_sm120, has_flashinfer_sparse_mla_sm120_config
+
+        if not has_flashinfer_sparse_mla_sm120():
+            return False
+        hf = vllm_config.model_config.hf_config
+        heads = hf.num_attention_heads // vllm_config.parallel_config.tensor_parallel_size
+        return bool(has_flashinfer_sparse_mla_sm120_config(
+            _pad_to_supported_q_heads(heads), _required_sm120_sparse_topk(vllm_config, hf.sliding_window)))
+    except Exception as e:  # noqa: BLE001 (vLLM refuses to build the layer then: ours is the only path)
+        warn_once("sm120-ready", "triton-mla-sparse: could not ask FlashInfer for its SM120 DeepSeek-V4 kernels "
+                  "(%s: %s); taken as missing.", type(e).__name__, e)
+        return False
+
+
+def routes_attention(capability: Any, model: str, mode: str, vllm_config: Any = None) -> bool:
+    """Whether ``model``'s attention layers get this package's layer at ``capability`` in ``mode`` (``auto`` /
+    ``triton``): DeepSeek-V4 only, from SM 8.0 on; ``triton`` everywhere there; ``auto`` where vLLM has no layer
+    that runs: below SM 9.0, and on SM 12.x when :func:`flashinfer_sm120_ready` does not hold."""
+    if model != V4 or capability is None:
+        return False
+    cap = _cap(capability)
+    if cap < (8, 0) or mode not in ("auto", "triton"):
+        return False
+    if mode == "triton" or cap < (9, 0):
+        return True
+    return cap[0] == 12 and not flashinfer_sm120_ready(vllm_config)
 
 
 def _make_wrapper(original: Callable[..., Any], module: ModuleType, model: str) -> Callable[..., Any]:
@@ -159,7 +211,13 @@ def _make_wrapper(original: Callable[..., Any], module: ModuleType, model: str) 
         if platform is None:
             from vllm.platforms import current_platform as platform
         if platform.is_cuda():
-            check_capability(platform.get_device_capability(), model)
+            capability = platform.get_device_capability()
+            routed = routes_attention(capability, model, dsv4_mode(), vllm_config)
+            check_capability(capability, model, routed)
+            if routed:
+                from .v4_attention import triton_attention_cls
+
+                return triton_attention_cls()
         return original(vllm_config)
 
     setattr(_select_dsv4_attn_cls, _WRAPPED_MARK, True)

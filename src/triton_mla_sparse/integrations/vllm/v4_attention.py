@@ -1,0 +1,161 @@
+"""DeepSeek-V4's attention layer on this package's kernels, for vLLM 0.33's ``vllm.models.deepseek_v4`` model.
+
+vLLM builds each V4 attention layer from the class ``_select_dsv4_attn_cls`` returns (FlashMLA's on SM 9.x/10.x,
+FlashInfer's SM120 class on SM 12.x); where :mod:`.v4` routes a layer here, it returns
+:func:`triton_attention_cls`: a ``DeepseekV4Attention`` whose ``forward_mqa`` reads V4's two caches — the
+sliding-window cache (the main list) and, on compressed layers, the compressed cache (the extra list: C4A entries
+chosen by the indexer, C128A every compressed entry) — with one softmax and the per-head sink through
+:func:`triton_mla_sparse.sparse_mla_attention` (:func:`run_v4_attention`). It takes vLLM's three V4 cache layouts:
+the 584-byte fp8 pages (``fp8_ds_mla``, read in place as ``fp8_ds_mla_v4``), bf16 rows and per-tensor e4m3 rows
+(scale 1, as vLLM's FlashInfer path writes them). Any head count runs unpadded. The metadata it reads is the
+FlashInfer path's (the same backend classes: decode and prefill window indices in the window cache's slots, global
+compressed slots from ``compute_global_topk_indices_and_lens``); the output projection is vLLM's
+(``deep_gemm_fp8_o_proj``, as both of vLLM's classes call it).
+
+Importing this module imports neither vLLM nor CUDA; :func:`triton_attention_cls` imports vLLM.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+__all__ = ["cache_format", "run_v4_attention", "triton_attention_cls"]
+
+
+def cache_format(cache: torch.Tensor) -> tuple[str, float | None]:
+    """(kv_format, k_scale) of a V4 cache tensor as vLLM allocates it: uint8 584-byte pages -> ``fp8_ds_mla_v4``;
+    bf16 rows -> ``bf16``; e4m3 rows -> ``fp8_e4m3`` with scale 1 (vLLM's per-tensor V4 path writes unscaled)."""
+    if cache.dtype == torch.uint8:
+        return "fp8_ds_mla_v4", None
+    if cache.dtype == torch.float8_e4m3fn:
+        return "fp8_e4m3", 1.0
+    if cache.dtype == torch.bfloat16:
+        return "bf16", None
+    raise ValueError(f"kv_cache: expected a DeepSeek-V4 cache of uint8 (fp8_ds_mla pages), bfloat16 or float8_e4m3fn "
+                     f"rows, got {cache.dtype}")
+
+
+def _flat(indices: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """vLLM's index tensors ``[T, W]`` or FlashMLA-shaped ``[T, 1, W]`` as ``[T, W]`` int32."""
+    if indices is None:
+        return None
+    flat = indices.reshape(rows, -1)
+    return flat if flat.dtype == torch.int32 else flat.to(torch.int32)
+
+
+def run_v4_attention(q: torch.Tensor, output: torch.Tensor, *, scale: float, sink: torch.Tensor,
+                     swa_cache: torch.Tensor, swa_indices: torch.Tensor, swa_lens: torch.Tensor | None,
+                     extra_cache: torch.Tensor | None = None, extra_indices: torch.Tensor | None = None,
+                     extra_lens: torch.Tensor | None = None) -> None:
+    """One V4 attention call for ``T`` query rows into ``output`` ``[T, H, 512]``: q ``[T, H, 512]`` (e4m3 q is
+    taken as bf16), the window cache's slot ids ``swa_indices`` (``[T, W]`` or ``[T, 1, W]``) and lengths, and on a
+    compressed layer the compressed cache with its slot ids and lengths; ``sink`` has at least H entries."""
+    from ...api import sparse_mla_attention
+
+    T, H = q.shape[0], q.shape[1]
+    if T == 0:
+        return
+    if q.dtype == torch.float8_e4m3fn:
+        q = q.to(torch.bfloat16)
+    kv_format, k_scale = cache_format(swa_cache)
+    extra: dict[str, Any] = {}
+    if extra_cache is not None:
+        if extra_indices is None:
+            raise ValueError("extra_indices: expected the compressed cache's slot ids with extra_cache, got None")
+        extra = dict(extra_kv_cache=extra_cache, extra_indices=_flat(extra_indices, T), extra_topk_length=extra_lens)
+    sparse_mla_attention(q, swa_cache, _flat(swa_indices, T), scale, kv_format=kv_format, k_scale=k_scale,
+                         topk_length=swa_lens, attn_sink=sink[:H], out=output, **extra)
+
+
+@functools.cache
+def triton_attention_cls() -> type:
+    """The ``DeepseekV4Attention`` subclass on this package's kernels (built once; imports vLLM)."""
+    from vllm.forward_context import get_forward_context
+    from vllm.models.deepseek_v4.attention import DeepseekV4Attention
+    from vllm.models.deepseek_v4.common.ops import compute_global_topk_indices_and_lens
+    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse as fi
+    from vllm.models.deepseek_v4.nvidia.ops.o_proj import compute_fp8_einsum_recipe, deep_gemm_fp8_o_proj
+
+    class DeepseekV4TritonMLAAttention(DeepseekV4Attention):
+        """DeepSeek-V4 sparse MLA attention on triton-mla-sparse's kernels (every GPU they support; no head
+        padding)."""
+
+        backend_cls = fi.DeepseekV4FlashInferMLASparseBackend
+        swa_backend_cls = fi.DeepseekSparseSWAFlashInferBackend
+        use_fp8_ds_mla_layout = True
+
+        @classmethod
+        def get_padded_num_q_heads(cls, num_heads: int) -> int:
+            return num_heads
+
+        def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+            super().__init__(vllm_config, *args, **kwargs)
+            self._einsum_recipe, self._tma_aligned_scales = compute_fp8_einsum_recipe()
+            if self.kv_cache_torch_dtype == torch.float8_e4m3fn:
+                # the per-tensor e4m3 cache insert reads these (vLLM's FlashInfer path: scale 1)
+                for name, value in (("_flashinfer_fp8_q_scale", 1.0), ("_flashinfer_fp8_q_scale_inv", 1.0),
+                                    ("_flashinfer_fp8_kv_scale", 1.0)):
+                    self.register_buffer(name, torch.tensor([value], dtype=torch.float32), persistent=False)
+
+        def _o_proj(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return deep_gemm_fp8_o_proj(
+                o, positions, self.rotary_emb.cos_sin_cache, self.wo_a, self.wo_b, n_groups=self.n_local_groups,
+                heads_per_group=self.n_local_heads // self.n_local_groups, nope_dim=self.nope_head_dim,
+                rope_dim=self.rope_head_dim, o_lora_rank=self.o_lora_rank, einsum_recipe=self._einsum_recipe,
+                tma_aligned_scales=self._tma_aligned_scales)
+
+        def forward_mqa(self, q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
+                        output: torch.Tensor) -> None:
+            attn_metadata = get_forward_context().attn_metadata
+            if attn_metadata is None:  # a warm-up run without metadata
+                output.zero_()
+                return
+            forward_v4(self, q, output, attn_metadata, compute_global_topk_indices_and_lens)
+
+    return DeepseekV4TritonMLAAttention
+
+
+def forward_v4(layer: Any, q: torch.Tensor, output: torch.Tensor, attn_metadata: dict,
+               global_topk: Any) -> None:
+    """The forward of :func:`triton_attention_cls`'s layer from vLLM's per-layer metadata (decode rows first, then
+    prefill rows, as vLLM orders the batch). ``global_topk``: vLLM's ``compute_global_topk_indices_and_lens``."""
+    swa = attn_metadata.get(layer.swa_cache_layer.prefix)
+    if swa is None:
+        raise ValueError(f"attn_metadata: expected the window cache's metadata ({layer.swa_cache_layer.prefix})")
+    meta = attn_metadata.get(layer.prefix)
+    swa_only = layer.compress_ratio <= 1
+    compressed = None if swa_only else layer.kv_cache
+    swa_cache = layer.swa_cache_layer.kv_cache
+    nd, npf = swa.num_decode_tokens, swa.num_prefill_tokens
+    common = dict(scale=layer.scale, sink=layer.attn_sink, swa_cache=swa_cache)
+
+    def extra_for(rows: slice, decode: bool) -> dict:
+        if swa_only:
+            return {}
+        if meta is None or swa.is_valid_token is None or swa.token_to_req_indices is None:
+            raise ValueError("attn_metadata: a compressed layer needs its metadata, token validity and request map")
+        if layer.compress_ratio == 4:  # C4A: the indexer's top-k, request-local -> global compressed slots
+            if layer.topk_indices_buffer is None:
+                raise ValueError("topk_indices_buffer: a C4A layer needs the indexer's top-k")
+            local = layer.topk_indices_buffer[rows]
+        elif decode:  # C128A decode: vLLM precomputes the global slots and lengths
+            return dict(extra_cache=compressed, extra_indices=meta.c128a_global_decode_topk_indices,
+                        extra_lens=meta.c128a_decode_topk_lens)
+        else:
+            local = meta.c128a_prefill_topk_indices
+        block_table = meta.block_table[:swa.num_decodes] if decode else meta.block_table
+        idx, lens = global_topk(local, swa.token_to_req_indices[rows], block_table,
+                                meta.block_size // layer.compress_ratio, swa.is_valid_token[rows])
+        return dict(extra_cache=compressed, extra_indices=idx, extra_lens=lens)
+
+    if swa.num_decodes > 0:
+        rows = slice(0, nd)
+        run_v4_attention(q[rows], output[rows], swa_indices=swa.decode_swa_indices, swa_lens=swa.decode_swa_lens,
+                         **common, **extra_for(rows, True))
+    if swa.num_prefills > 0:
+        rows = slice(nd, nd + npf)
+        run_v4_attention(q[rows], output[rows], swa_indices=swa.prefill_swa_indices, swa_lens=swa.prefill_swa_lens,
+                         **common, **extra_for(rows, False))
