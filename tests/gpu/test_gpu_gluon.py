@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ._env import DEV, GPU_TIER, gpu_only
-from .test_gpu import (BS, NB, NUM_SLOTS, ROWS, SCALE, TOPK, _with_garbage, check_against_reference,  # noqa: F401
-                       make_indices, make_q, poisoned_cache, pool)
+from .test_gpu import (BS, NB, NUM_SLOTS, ROWS, SCALE, TOPK, _fill_nan_, _with_garbage,  # noqa: F401
+                       check_against_reference, make_indices, make_q, poisoned_cache, pool)
 from triton_mla_sparse.testing import rel_err
 from triton_mla_sparse.capabilities import arch_for_device
 from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
@@ -320,13 +320,25 @@ def test_combine_as_dependent_launch(pool, fmt, family, heads):
         assert torch.equal(o, wo) and torch.equal(lse, wl)
 
 
+def _regrouped(cache: torch.Tensor, kv_format: str, bs: int) -> torch.Tensor:
+    """The same slots (and NaN poison) in blocks of ``bs`` rows with a spare NaN row after each block and 16 spare
+    elements after each row: another block size and other strides than the main cache's."""
+    row = cache.shape[-1]
+    flat = cache.reshape(-1, row)  # slot order
+    storage = torch.empty(flat.shape[0] // bs, bs + 1, row + 16, dtype=cache.dtype, device=DEV)
+    _fill_nan_(storage, kv_format)
+    view = storage[:, :bs, :row]
+    view.copy_(flat.view(-1, bs, row))
+    return view
+
+
 @pytest.mark.parametrize("family", [None, "tl", "mma2", "wgmma_t", "wgmma"])
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
 def test_extra_cache(pool, fmt, kernel, family):
     """An extra cache (DeepSeek-V4's second list) read by each kernel family (None: the table's choice) on a
-    problem the table gives a Gluon kernel: both caches (the extra one NaN outside its selected rows), garbage ids
-    and lengths in both lists, a sink."""
+    problem the table gives a Gluon kernel: both caches (the extra one NaN outside its selected rows, in blocks of
+    another size with other strides), garbage ids and lengths in both lists, a sink."""
     if family not in (None, "tl"):
         _skip_unless_supported(fmt, family)
     torch.manual_seed(9)
@@ -335,7 +347,7 @@ def test_extra_cache(pool, fmt, kernel, family):
     q = make_q(T, H, c.q_dtype)
     idx = _with_garbage(make_indices(pool, T), NUM_SLOTS, frac=0.2)
     idx2 = _with_garbage(make_indices(pool, T), NUM_SLOTS, frac=0.2)[:, : max(1, TOPK // 3)].contiguous()
-    _, cache2 = poisoned_cache(pool, fmt, idx2)
+    cache2 = _regrouped(poisoned_cache(pool, fmt, idx2)[1], c.kv_format, BS // 4)
     tl1 = torch.randint(0, TOPK + 1, (T,), dtype=torch.int32, device=DEV)
     tl2 = torch.randint(0, idx2.shape[1] + 1, (T,), dtype=torch.int32, device=DEV)
     sink = torch.randn(H, device=DEV)

@@ -398,17 +398,17 @@ def test_v4_pages_garbage_indices_stay_in_bounds(family):
     torch.manual_seed(9)
     T, H, bs = 8, 16, 64
 
-    def pages_at_end(nb: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def pages_at_end(nb: int, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         clean = v4_token_view(quantize_fp8_ds_mla_v4(torch.randn(nb, bs, 512)).to(DEV), bs)  # vLLM's view
         view = buffer_at_end(tuple(clean.shape), torch.uint8, strides=(v4_page_bytes(bs), V4_TOKEN_BYTES, 1))
         view.copy_(clean)
         return view, clean
 
-    swa, swa_clean = pages_at_end(3)
-    cmp, cmp_clean = pages_at_end(9)
+    swa, swa_clean = pages_at_end(3, bs)
+    cmp, cmp_clean = pages_at_end(288, 2)  # C128A's compressed cache: pages of 2 rows
     q = copy_to_end(torch.randn(T, H, 512, dtype=QD, device=DEV))
     idx = copy_to_end(garbage_indices(T, 96, swa.shape[0] * bs))
-    idx2 = copy_to_end(garbage_indices(T, 160, cmp.shape[0] * bs))
+    idx2 = copy_to_end(garbage_indices(T, 160, cmp.shape[0] * 2))
     tl1 = copy_to_end(torch.tensor([96, 96, 96, INT32_MAX, 91, 0, -3, 1], dtype=torch.int32, device=DEV))
     tl2 = copy_to_end(torch.tensor([0, 160, INT32_MIN, 160, 7, 160, 160, 2], dtype=torch.int32, device=DEV))
     sink = copy_to_end(torch.randn(H, device=DEV))

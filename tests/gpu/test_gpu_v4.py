@@ -1,7 +1,8 @@
 """GPU tier: DeepSeek-V4's fp8 pages (kv_format "fp8_ds_mla_v4") read in place by every kernel family that reads
 them (the table's choice, the tl kernel, and on NVIDIA the Gluon kernels where they run), against the float32
 reference: decode and prefill, bf16 q, the SWA cache alone and with the compressed cache as the extra cache
-(vLLM's FlashMLA call: block size 64 for both), garbage slots and lengths in both lists, a sink, the pages in vLLM's
+(vLLM's FlashMLA call: the window cache in pages of 64 rows, the compressed one in pages of 64 (C4A) or 2
+(C128A)), garbage slots and lengths in both lists, a sink, the pages in vLLM's
 view over a buffer whose every byte outside the pages' data is 0xFF (a stray read makes NaN). Skipped without a CUDA
 GPU (``TMS_GPU_TESTS_ON_CPU=1``: tiny sizes through the interpreter, float16 q)."""
 
@@ -19,22 +20,24 @@ from triton_mla_sparse.testing import place_v4, rel_err, take_rows, v4_values
 pytestmark = GPU_TIER
 
 V4 = "fp8_ds_mla_v4"
-BS = 64  # vLLM's V4 block size for both caches
+BS = 64  # vLLM's V4 window cache and C4A compressed cache: 64 rows per page
+# The compressed cache as vLLM lays it out: C4A 64 rows per page, C128A 2 (other block size, other page stride)
+CMP_BS = {"c4a": 64, "c128a": 2}
 if ON_CPU:
-    NB_SWA, NB_CMP, TOPK_SWA, TOPK_CMP, CHECK_ROWS = 2, 4, 16, 40, 4
+    NB_SWA, CMP_SLOTS, TOPK_SWA, TOPK_CMP, CHECK_ROWS = 2, 256, 16, 40, 4
     ROWS = {"decode": 3, "prefill": 4}
 else:
-    NB_SWA, NB_CMP, TOPK_SWA, TOPK_CMP, CHECK_ROWS = 64, 512, 128, 512, 128
+    NB_SWA, CMP_SLOTS, TOPK_SWA, TOPK_CMP, CHECK_ROWS = 64, 32768, 128, 512, 128
     ROWS = {"decode": 64, "prefill": 2048}
 SCALE = 512 ** -0.5
 TOL = 1e-2 if QD == torch.bfloat16 else 5e-3  # the tier's tolerance by q dtype (tests/gpu/test_gpu.py)
 LSE_ATOL = 1e-2
 
 
-def v4_pages(nb: int, seed: int) -> torch.Tensor:
+def v4_pages(nb: int, seed: int, bs: int = BS) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    pages = F.quantize_fp8_ds_mla_v4(v4_values(nb, BS, generator=g)).to(DEV)
-    return place_v4(pages, BS, "padded")
+    pages = F.quantize_fp8_ds_mla_v4(v4_values(nb, bs, generator=g)).to(DEV)
+    return place_v4(pages, bs, "padded")
 
 
 def garbage_slots(T: int, topk: int, num_slots: int, seed: int) -> torch.Tensor:
@@ -50,7 +53,7 @@ FAMILIES = {"table": {}, "tl": {"family": "tl"}, "mma2": {"family": "mma2"}, "wg
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-@pytest.mark.parametrize("with_extra", [False, True], ids=["swa", "swa+compressed"])
+@pytest.mark.parametrize("with_extra", [None, "c4a", "c128a"], ids=["swa", "swa+c4a", "swa+c128a"])
 @pytest.mark.parametrize("heads", [16, 64])
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
 def test_v4_pages_against_the_reference(kernel, heads, with_extra, family):
@@ -62,7 +65,7 @@ def test_v4_pages_against_the_reference(kernel, heads, with_extra, family):
         if ON_CPU or not gluon_supported(over["family"], arch_for_device(torch.device(DEV)), V4, QD):
             pytest.skip(f"the {over['family']} kernel does not run here")
     T = ROWS[kernel]
-    torch.manual_seed(heads + 7 * with_extra)
+    torch.manual_seed(heads + 7 * len(with_extra or ""))
     swa = v4_pages(NB_SWA, 1)
     q = torch.randn(T, heads, 512, dtype=QD, device=DEV)
     idx = garbage_slots(T, TOPK_SWA, NB_SWA * BS, 2)
@@ -70,7 +73,9 @@ def test_v4_pages_against_the_reference(kernel, heads, with_extra, family):
     sink = torch.randn(heads, device=DEV)
     extra = {}
     if with_extra:
-        extra = dict(extra_kv_cache=v4_pages(NB_CMP, 3), extra_indices=garbage_slots(T, TOPK_CMP, NB_CMP * BS, 4),
+        bs2 = CMP_BS[with_extra]
+        extra = dict(extra_kv_cache=v4_pages(CMP_SLOTS // bs2, 3, bs2),
+                     extra_indices=garbage_slots(T, TOPK_CMP, CMP_SLOTS, 4),
                      extra_topk_length=torch.randint(0, TOPK_CMP + 1, (T,), dtype=torch.int32, device=DEV))
     out = torch.full((T, heads, 512), float("nan"), dtype=QD, device=DEV)
     res, lse, cfg = sparse_mla_attention_with_config(q, swa, idx, SCALE, kv_format=V4, topk_length=tl1,

@@ -121,25 +121,26 @@ def test_forward_matches_the_reference(compress_ratio, nd, npf):
     assert rel_err(out, want) <= TOL
 
 
-def test_e4m3_rows_and_fp8_q():
-    """vLLM's per-tensor e4m3 V4 cache (rows of 512 e4m3 values, scale 1) with e4m3 q, as its FlashInfer path
-    hands them over: q is taken as bf16... here float16 values exact in e4m3 and bfloat16 alike."""
+def test_run_v4_attention_takes_vllms_shapes_and_refuses_other_caches():
+    """FlashMLA-shaped slot ids ``[T, 1, W]``, a sink padded beyond the heads (as vLLM may allocate it); a cache that
+    is not vLLM's uint8 fp8_ds_mla pages is refused by the API's validation, before any kernel."""
     g = torch.Generator().manual_seed(3)
-    rows = (torch.randn(4, SWA_BS, 512, generator=g) * 4).to(torch.float8_e4m3fn)
-    assert VA.cache_format(rows) == ("fp8_e4m3", 1.0)
-    assert VA.cache_format(_pages(1, SWA_BS, 0)) == ("fp8_ds_mla_v4", None)
-    assert VA.cache_format(rows.to(torch.bfloat16)) == ("bf16", None)
-    with pytest.raises(ValueError, match="kv_cache"):
-        VA.cache_format(rows.to(torch.float16))
+    pages = _pages(4, SWA_BS, 0)
     T = 3
-    q = torch.randn(T, H, 512, generator=g).to(torch.float8_e4m3fn).to(torch.float16)
+    q = torch.randn(T, H, 512, generator=g).to(torch.float16)
     idx = torch.randint(0, 4 * SWA_BS, (T, 1, WINDOW), generator=g, dtype=torch.int32)
     out = torch.full((T, H, 512), float("nan"), dtype=torch.float16)
-    sink = torch.randn(H + 2, generator=g)  # padded beyond the heads, as vLLM may allocate it
-    VA.run_v4_attention(q, out, scale=SCALE, sink=sink, swa_cache=rows, swa_indices=idx, swa_lens=None)
-    want = reference.sparse_mla_attention(q, rows, idx[:, 0], SCALE, kv_format="fp8_e4m3", k_scale=1.0,
-                                          attn_sink=sink[:H], out_dtype=torch.float32)
+    sink = torch.randn(H + 2, generator=g)
+    VA.run_v4_attention(q, out, scale=SCALE, sink=sink, swa_cache=pages, swa_indices=idx, swa_lens=None)
+    want = reference.sparse_mla_attention(q, pages, idx[:, 0], SCALE, kv_format="fp8_ds_mla_v4", attn_sink=sink[:H],
+                                          out_dtype=torch.float32)
     assert rel_err(out, want) <= TOL
+    rows = torch.randn(4, SWA_BS, 512, generator=g).to(torch.float16)
+    with pytest.raises(ValueError, match="kv_cache"):
+        VA.run_v4_attention(q, out, scale=SCALE, sink=sink, swa_cache=rows, swa_indices=idx, swa_lens=None)
+    with pytest.raises(ValueError, match="extra_indices"):
+        VA.run_v4_attention(q, out, scale=SCALE, sink=sink, swa_cache=pages, swa_indices=idx, swa_lens=None,
+                            extra_cache=pages)
 
 
 def test_the_layer_class(cuda_platform_module):

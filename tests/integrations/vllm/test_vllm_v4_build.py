@@ -97,15 +97,47 @@ def test_sm12x_routes_v4_where_flashinfer_has_no_kernel(checked, cuda_platform_m
             assert got.__name__ == "DeepseekV4FlashInferSM120Attention"
 
 
-def test_flashinfer_sm120_ready_asks_vllms_own_functions(cuda_platform_module):
-    from vllm.models.deepseek_v4.nvidia.flashinfer_sparse import _pad_to_supported_q_heads
-    from vllm.utils.flashinfer import has_flashinfer_sparse_mla_sm120, has_flashinfer_sparse_mla_sm120_config
+def test_flashinfer_sm120_ready_asks_vllms_own_functions(cuda_platform_module, monkeypatch):
+    """The question is vLLM's own (FlashInfer's SM120 API, then its specialisation for the padded heads per GPU and
+    the window), on stand-ins that record what they were asked."""
+    import vllm.utils.flashinfer as fi
 
-    for heads, tp in ((64, 8), (64, 1), (128, 2)):
-        want = has_flashinfer_sparse_mla_sm120() and has_flashinfer_sparse_mla_sm120_config(
-            _pad_to_supported_q_heads(heads // tp), 128)
-        assert v4.flashinfer_sm120_ready(_v4_config(heads, 128, tp)) == want
+    asked = []
+    have = {(8, 128), (64, 128)}
+
+    def config(heads, top_k):
+        asked.append((heads, top_k))
+        return (heads, top_k) in have
+
+    monkeypatch.setattr(fi, "has_flashinfer_sparse_mla_sm120", lambda: True)
+    monkeypatch.setattr(fi, "has_flashinfer_sparse_mla_sm120_config", config)
+    assert v4.flashinfer_sm120_ready(_v4_config(64, 128, 8))  # 8 heads per GPU
+    assert v4.flashinfer_sm120_ready(_v4_config(64, 128, 1))
+    assert not v4.flashinfer_sm120_ready(_v4_config(64, 96, 1))  # no kernel for that window
+    assert not v4.flashinfer_sm120_ready(_v4_config(96, 128, 8))  # 12 heads -> padded to 16: none
+    assert asked == [(8, 128), (64, 128), (64, 96), (16, 128)]
     assert not v4.flashinfer_sm120_ready(object())  # cannot be asked: missing (vLLM would refuse the layer)
+    monkeypatch.setattr(fi, "has_flashinfer_sparse_mla_sm120", lambda: False)
+    assert not v4.flashinfer_sm120_ready(_v4_config(64, 128, 8))  # no SM120 API at all
+    assert len(asked) == 4
+
+
+def test_a_named_backend_is_vllms_choice(checked, cuda_platform_module, monkeypatch):
+    """``--attention-backend`` named: ``auto`` leaves the layer to vLLM (even where it would route), ``triton``
+    refuses the combination."""
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    monkeypatch.setattr(v4, "flashinfer_sm120_ready", lambda cfg: False)
+    module = checked["DeepSeek-V4"]
+    with _cuda_platform_for(cuda_platform_module, 12, 0, True):
+        cfg = VllmConfig()
+        cfg.attention_config.backend = AttentionBackendEnum.FLASHINFER_MLA_SPARSE_DSV4
+        assert module._select_dsv4_attn_cls(cfg).__name__ == "DeepseekV4FlashInferSM120Attention"
+        assert module._select_dsv4_attn_cls(VllmConfig()).__name__ == "DeepseekV4TritonMLAAttention"
+        monkeypatch.setenv(policy.DSV4_ENV, "triton")
+        with pytest.raises(ValueError, match="FLASHINFER_MLA_SPARSE_DSV4"):
+            module._select_dsv4_attn_cls(cfg)
 
 
 @pytest.mark.parametrize("capability", [(8, 9), (9, 0), (10, 0), (12, 0)])

@@ -10,8 +10,11 @@ lowest compute capability it runs on.
 
 Where :func:`routes_attention` says so, the wrapper returns this package's V4 attention layer
 (:func:`.v4_attention.triton_attention_cls`: both caches and the sink read by the Triton kernels) instead of vLLM's
-class, and the attention row no longer blocks; the other rows still do (no portable path of ours yet). DeepSeek-V4
-only: V4.1's layer is vLLM's everywhere.
+class, and the attention row no longer blocks; the other rows still do (no portable path of ours yet), so below
+SM 9.0 the build still stops and the layer is built in practice on SM 12.x without FlashInfer's V4 kernels (and,
+with ``triton``, on 9.x / 10.x / 12.x). DeepSeek-V4 only: V4.1's layer is vLLM's everywhere. A backend named with
+``--attention-backend`` is vLLM's to honour: ``auto`` then leaves the choice to vLLM, ``triton`` refuses the
+combination.
 
 :func:`install` (called by :func:`triton_mla_sparse.integrations.vllm.register` on vLLM's CUDA platform) wraps
 ``_select_dsv4_attn_cls`` of both model modules: when the module is already imported at once, otherwise when it is
@@ -190,18 +193,30 @@ def flashinfer_sm120_ready(vllm_config: Any) -> bool:
         return False
 
 
+def _named_backend(vllm_config: Any) -> Any:
+    """The attention backend named with ``--attention-backend`` (None: vLLM chooses)."""
+    return getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+
+
 def routes_attention(capability: Any, model: str, mode: str, vllm_config: Any = None) -> bool:
     """Whether ``model``'s attention layers get this package's layer at ``capability`` in ``mode`` (``auto`` /
     ``triton``): DeepSeek-V4 only, from SM 8.0 on; ``triton`` everywhere there; ``auto`` where vLLM has no layer
-    that runs: below SM 9.0, and on SM 12.x when :func:`flashinfer_sm120_ready` does not hold."""
+    that runs — below SM 9.0, and on SM 12.x when :func:`flashinfer_sm120_ready` does not hold — unless a backend
+    was named (vLLM's choice then). ``triton`` with a named backend raises ``ValueError`` (two requests)."""
     if model != V4 or capability is None:
         return False
     cap = _cap(capability)
     if cap < (8, 0) or mode not in ("auto", "triton"):
         return False
-    if mode == "triton" or cap < (9, 0):
+    named = _named_backend(vllm_config)
+    if mode == "triton":
+        if named is not None:
+            raise ValueError(f"{DSV4_ENV}=triton asks for triton-mla-sparse's DeepSeek-V4 attention, but "
+                             f"--attention-backend names {getattr(named, 'name', named)}: unset one of them")
         return True
-    return cap[0] == 12 and not flashinfer_sm120_ready(vllm_config)
+    if named is not None:
+        return False
+    return cap < (9, 0) or (cap[0] == 12 and not flashinfer_sm120_ready(vllm_config))
 
 
 def _make_wrapper(original: Callable[..., Any], module: ModuleType, model: str) -> Callable[..., Any]:

@@ -5,10 +5,10 @@ FlashInfer's SM120 class on SM 12.x); where :mod:`.v4` routes a layer here, it r
 :func:`triton_attention_cls`: a ``DeepseekV4Attention`` whose ``forward_mqa`` reads V4's two caches — the
 sliding-window cache (the main list) and, on compressed layers, the compressed cache (the extra list: C4A entries
 chosen by the indexer, C128A every compressed entry) — with one softmax and the per-head sink through
-:func:`triton_mla_sparse.sparse_mla_attention` (:func:`run_v4_attention`). It takes vLLM's three V4 cache layouts:
-the 584-byte fp8 pages (``fp8_ds_mla``, read in place as ``fp8_ds_mla_v4``), bf16 rows and per-tensor e4m3 rows
-(scale 1, as vLLM's FlashInfer path writes them). Any head count runs unpadded. The metadata it reads is the
-FlashInfer path's (the same backend classes: decode and prefill window indices in the window cache's slots, global
+:func:`triton_mla_sparse.sparse_mla_attention` (:func:`run_v4_attention`). Its caches are V4's 584-byte fp8 pages
+(``use_fp8_ds_mla_layout``: vLLM makes ``--kv-cache-dtype auto|fp8`` the ``fp8_ds_mla`` layout and refuses
+``bfloat16`` for such a layer), read in place as ``fp8_ds_mla_v4``; any head count runs unpadded. The metadata it
+reads is the FlashInfer path's (the same backend classes: decode and prefill window indices in the window cache's slots, global
 compressed slots from ``compute_global_topk_indices_and_lens``); the output projection is vLLM's
 (``deep_gemm_fp8_o_proj``, as both of vLLM's classes call it).
 
@@ -22,20 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["cache_format", "run_v4_attention", "triton_attention_cls"]
-
-
-def cache_format(cache: torch.Tensor) -> tuple[str, float | None]:
-    """(kv_format, k_scale) of a V4 cache tensor as vLLM allocates it: uint8 584-byte pages -> ``fp8_ds_mla_v4``;
-    bf16 rows -> ``bf16``; e4m3 rows -> ``fp8_e4m3`` with scale 1 (vLLM's per-tensor V4 path writes unscaled)."""
-    if cache.dtype == torch.uint8:
-        return "fp8_ds_mla_v4", None
-    if cache.dtype == torch.float8_e4m3fn:
-        return "fp8_e4m3", 1.0
-    if cache.dtype == torch.bfloat16:
-        return "bf16", None
-    raise ValueError(f"kv_cache: expected a DeepSeek-V4 cache of uint8 (fp8_ds_mla pages), bfloat16 or float8_e4m3fn "
-                     f"rows, got {cache.dtype}")
+__all__ = ["forward_v4", "run_v4_attention", "triton_attention_cls"]
 
 
 def _flat(indices: torch.Tensor | None, rows: int) -> torch.Tensor | None:
@@ -50,24 +37,22 @@ def run_v4_attention(q: torch.Tensor, output: torch.Tensor, *, scale: float, sin
                      swa_cache: torch.Tensor, swa_indices: torch.Tensor, swa_lens: torch.Tensor | None,
                      extra_cache: torch.Tensor | None = None, extra_indices: torch.Tensor | None = None,
                      extra_lens: torch.Tensor | None = None) -> None:
-    """One V4 attention call for ``T`` query rows into ``output`` ``[T, H, 512]``: q ``[T, H, 512]`` (e4m3 q is
-    taken as bf16), the window cache's slot ids ``swa_indices`` (``[T, W]`` or ``[T, 1, W]``) and lengths, and on a
-    compressed layer the compressed cache with its slot ids and lengths; ``sink`` has at least H entries."""
+    """One V4 attention call for ``T`` query rows into ``output`` ``[T, H, 512]``: q ``[T, H, 512]``, the window
+    cache's slot ids ``swa_indices`` (``[T, W]`` or ``[T, 1, W]``) and lengths, and on a compressed layer the
+    compressed cache with its slot ids and lengths, both caches vLLM's uint8 fp8_ds_mla pages; ``sink`` has at least
+    H entries. Anything else raises the API's ``ValueError`` before a kernel runs."""
     from ...api import sparse_mla_attention
 
     T, H = q.shape[0], q.shape[1]
     if T == 0:
         return
-    if q.dtype == torch.float8_e4m3fn:
-        q = q.to(torch.bfloat16)
-    kv_format, k_scale = cache_format(swa_cache)
     extra: dict[str, Any] = {}
     if extra_cache is not None:
         if extra_indices is None:
             raise ValueError("extra_indices: expected the compressed cache's slot ids with extra_cache, got None")
         extra = dict(extra_kv_cache=extra_cache, extra_indices=_flat(extra_indices, T), extra_topk_length=extra_lens)
-    sparse_mla_attention(q, swa_cache, _flat(swa_indices, T), scale, kv_format=kv_format, k_scale=k_scale,
-                         topk_length=swa_lens, attn_sink=sink[:H], out=output, **extra)
+    sparse_mla_attention(q, swa_cache, _flat(swa_indices, T), scale, kv_format="fp8_ds_mla_v4", topk_length=swa_lens,
+                         attn_sink=sink[:H], out=output, **extra)
 
 
 @functools.cache
@@ -94,11 +79,6 @@ def triton_attention_cls() -> type:
         def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
             super().__init__(vllm_config, *args, **kwargs)
             self._einsum_recipe, self._tma_aligned_scales = compute_fp8_einsum_recipe()
-            if self.kv_cache_torch_dtype == torch.float8_e4m3fn:
-                # the per-tensor e4m3 cache insert reads these (vLLM's FlashInfer path: scale 1)
-                for name, value in (("_flashinfer_fp8_q_scale", 1.0), ("_flashinfer_fp8_q_scale_inv", 1.0),
-                                    ("_flashinfer_fp8_kv_scale", 1.0)):
-                    self.register_buffer(name, torch.tensor([value], dtype=torch.float32), persistent=False)
 
         def _o_proj(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             return deep_gemm_fp8_o_proj(

@@ -15,7 +15,7 @@ import torch
 from ..._common.compile import compile_kernel, matrix_row
 from ...capabilities import ARCHS
 from . import kernels as K
-from .configs import TABLE, AttentionConfig, choose_config, extra_cache_supported, pdl_supported
+from .configs import GLUON_TABLE, TABLE, AttentionConfig, choose_config, extra_cache_supported, pdl_supported
 
 if TYPE_CHECKING:
     from triton.compiler import CompiledKernel
@@ -40,7 +40,8 @@ _DIV16 = {"stride_qn_t", "stride_qn_h", "stride_qp_t", "stride_qp_h", "stride_kv
 # The extra cache's arguments (DeepSeek-V4's second list; the tl kernel's).
 _EXTRA_INTS = ["stride_kv2_blk", "stride_kv2_row", "stride_idx2_t", "stride_idx2_k", "stride_tl2", "topk2",
                "num_slots2", "block_size2"]
-_DIV16_EXTRA = {"stride_kv2_blk", "stride_kv2_row", "stride_idx2_t", "block_size2"}
+# (block_size2 is left out: vLLM's DeepSeek-V4 C128A compressed cache has 2 rows per page)
+_DIV16_EXTRA = {"stride_kv2_blk", "stride_kv2_row", "stride_idx2_t"}
 
 MATRIX_FORMATS = {"16bit": ("bf16",), "fp8_e4m3": ("fp8_e4m3",), "fp8_ds_mla": ("fp8_ds_mla",),
                   "fp8_ds_mla_v4": ("fp8_ds_mla_v4",)}
@@ -96,18 +97,29 @@ def compile_combine(arch: Arch, cfg: AttentionConfig, q_dtype: str = "bf16") -> 
 
 def matrix_entries(arch_name: str) -> list[tuple[int, str, str, str]]:
     """Every (head class, cache class, kv format, kernel) the launch table can pick on ``arch_name``; kernels
-    ``"decode-extra"`` / ``"prefill-extra"``: built with an extra cache, where the API takes one."""
-    kernels = ("decode", "prefill") + (("decode-extra", "prefill-extra") if extra_cache_supported(ARCHS[arch_name])
-                                       else ())
-    return [(hc, cc, fmt, kernel) for (hc, cc) in TABLE[arch_name] for fmt in MATRIX_FORMATS[cc]
-            for kernel in kernels]
+    ``"decode-extra"`` / ``"prefill-extra"``: built with an extra cache, where the API takes one; ``"-extra-tl"``:
+    the tl kernel with one where the table's choice is a Gluon kernel (what runs when a cache is not one the Gluon
+    kernels read: rows off 16 bytes, converted rows, fp16 q with fp8 pages)."""
+    arch = ARCHS[arch_name]
+    extra = extra_cache_supported(arch)
+    out = []
+    for (hc, cc) in TABLE[arch_name]:
+        kernels = ["decode", "prefill"]
+        if extra:
+            kernels += ["decode-extra", "prefill-extra"]
+            if (hc, cc) in GLUON_TABLE.get(arch_name, {}):  # (the table itself: the interpreter picks tl always)
+                kernels += ["decode-extra-tl", "prefill-extra-tl"]
+        out += [(hc, cc, fmt, kernel) for fmt in MATRIX_FORMATS[cc] for kernel in kernels]
+    return out
 
 
 def table_config(arch: Arch, hc: int, cc: str, kernel: str) -> AttentionConfig:
     """The config ``choose_config`` picks on ``arch`` for a head class and cache class (``hc`` heads; split sizes
-    are irrelevant to compilation); an ``-extra`` kernel is the same kernel, built with an extra cache."""
+    are irrelevant to compilation); an ``-extra`` kernel is the same kernel, built with an extra cache; an
+    ``-extra-tl`` kernel the tl kernel's configuration for the classes."""
     base = kernel.partition("-")[0]
-    return choose_config(1, hc, 2048, torch.device("cpu"), base, kv_format=MATRIX_FORMATS[cc][0], arch=arch)
+    return choose_config(1, hc, 2048, torch.device("cpu"), base, kv_format=MATRIX_FORMATS[cc][0], arch=arch,
+                         **({"family": "tl"} if kernel.endswith("-tl") else {}))
 
 
 def compile_rows(arch: Arch) -> list[dict]:
@@ -118,7 +130,7 @@ def compile_rows(arch: Arch) -> list[dict]:
         cfg = table_config(arch, hc, cc, kernel)
         rows.append(matrix_row(arch, (hc, cc, fmt, kernel), cfg,
                                lambda: compile_attention(arch, cfg, kv_format=fmt, split=kernel.startswith("decode"),
-                                                         extra=kernel.endswith("-extra"))))
+                                                         extra="-extra" in kernel)))
     # the combine kernel as a programmatic dependent launch where the target has it (a table entry may ask for it)
     cfg = replace(table_config(arch, 16, "16bit", "decode"), pdl=pdl_supported(arch))
     rows.append(matrix_row(arch, (0, "", "", "combine"), cfg, lambda: compile_combine(arch, cfg)))
