@@ -35,6 +35,9 @@ def test_gluon_supported(on_gpu):
         assert not gluon_supported("mma2", arch, "fp8_e4m3")  # per-tensor fp8 stays on the tl kernel
         assert not gluon_supported("mma2", arch, "bf16", torch.float16)  # a cache read in another dtype
         assert not gluon_supported("mma2", arch, "fp8_ds_mla", torch.float16)  # the rows' RoPE is bf16
+        assert gluon_supported("mma2", arch, "fp8_ds_mla_v4", torch.bfloat16) is cuda80  # DeepSeek-V4 pages
+        assert gluon_supported("wgmma_t", arch, "fp8_ds_mla_v4") is (name == "sm90")
+        assert not gluon_supported("mma2", arch, "fp8_ds_mla_v4", torch.float16)
         assert not gluon_supported("tl", arch, "bf16")
 
 
@@ -255,6 +258,27 @@ def test_gluon_reads_problem():
     assert not reads(qbf, torch.zeros(4, 64, 584, dtype=torch.bfloat16)[..., :576])  # row stride 584: not 16 x k
     assert not reads(q16, bf16)  # a bf16 cache read as fp16
     assert not reads(q16, ds, "fp8_ds_mla")
+
+    # DeepSeek-V4 pages (rows 576 bytes apart inside a page, whatever the view's row stride): a 16-byte aligned
+    # start and page stride, bf16 q; with an extra cache both caches must be readable
+    from triton_mla_sparse.formats import quantize_fp8_ds_mla_v4, v4_page_bytes, v4_token_view
+
+    def v4(nb, bs, pad=0):
+        pages = torch.zeros(nb, v4_page_bytes(bs) + pad, dtype=torch.uint8)
+        pages[:, :v4_page_bytes(bs)] = quantize_fp8_ds_mla_v4(torch.randn(nb, bs, 512))
+        return v4_token_view(pages, bs)
+
+    q4b, q4h = torch.randn(2, 16, 512, dtype=torch.bfloat16), torch.randn(2, 16, 512, dtype=torch.float16)
+    good, odd = v4(4, 64), v4(4, 64, pad=8)  # page strides 37440 and 37448 bytes
+    assert reads(q4b, good, "fp8_ds_mla_v4") and reads(q4b, v4(8, 2), "fp8_ds_mla_v4")
+    assert not reads(q4h, good, "fp8_ds_mla_v4") and not reads(q4b, odd, "fp8_ds_mla_v4")
+    idx2 = torch.zeros(2, 8, dtype=torch.int32)
+
+    def reads2(kv, kv2):
+        return gluon_reads_problem(check_attention_inputs(q4b, kv, idx, 0.1, kv_format="fp8_ds_mla_v4",
+                                                          extra_kv_cache=kv2, extra_indices=idx2))
+
+    assert reads2(good, v4(8, 2)) and not reads2(good, odd) and not reads2(odd, good)
 
 
 def test_max_registers_from_the_table_and_overrides(on_gpu, monkeypatch):

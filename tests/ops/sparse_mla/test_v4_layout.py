@@ -280,9 +280,10 @@ def test_problem_reasons():
 
 
 def test_v4_targets_and_the_tl_kernel():
-    """The tl kernel reads V4 pages (never a Gluon kernel, which the family override refuses); the targets without a
-    V4 table entry (RDNA3, whose build spills: the compile matrix) refuse the format in choose_config, and the API
-    refuses it there before launching (v4_supported)."""
+    """Under the interpreter the tl kernel reads V4 pages (the Gluon kernels, which read them on NVIDIA GPUs, do not
+    run there, so a family override is refused); the targets without a V4 table entry (RDNA3, whose build spills:
+    the compile matrix) refuse the format in choose_config, and the API refuses it there before launching
+    (v4_supported)."""
     cpu = torch.device("cpu")
     supported = {name for name, arch in ARCHS.items() if v4_supported(arch)}
     assert supported == {n for n, a in ARCHS.items() if a.backend == "cuda"} | {"gfx942", "gfx950", "gfx1200",
