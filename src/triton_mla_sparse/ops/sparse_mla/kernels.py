@@ -547,9 +547,7 @@ def _gluon_reads(kv: torch.Tensor, fmt: int, convert: bool, q_dtype: torch.dtype
 def _cache_view(p: AttentionProblem) -> tuple[torch.Tensor, int, bool]:
     """The cache as the kernels read it (fp8_e4m3 as bytes), its format code, and whether 16-bit rows are converted
     to q's dtype on the fly."""
-    import torch
-
-    kv = p.kv.view(torch.uint8) if p.kv_format == "fp8_e4m3" else p.kv
+    kv = _read_view(p, p.kv)
     fmt = _FMT_CODES[p.kv_format]
     return kv, fmt, fmt == FMT_NATIVE and kv.dtype != p.q_nope.dtype
 
@@ -560,14 +558,14 @@ def gluon_reads_problem(p: AttentionProblem) -> bool:
     kv, fmt, convert = _cache_view(p)
     if not _gluon_reads(kv, fmt, convert, p.q_nope.dtype):
         return False
-    return p.kv2 is None or _gluon_reads(_extra_view(p), fmt, convert, p.q_nope.dtype)
+    return p.kv2 is None or _gluon_reads(_read_view(p, p.kv2), fmt, convert, p.q_nope.dtype)
 
 
-def _extra_view(p: AttentionProblem) -> torch.Tensor:
-    """The extra cache as the kernels read it (fp8_e4m3 as bytes)."""
+def _read_view(p: AttentionProblem, cache: torch.Tensor) -> torch.Tensor:
+    """A cache of the problem (``p.kv`` or ``p.kv2``) as the kernels read it: fp8_e4m3 rows as bytes."""
     import torch
 
-    return p.kv2.view(torch.uint8) if p.kv_format == "fp8_e4m3" else p.kv2
+    return cache.view(torch.uint8) if p.kv_format == "fp8_e4m3" else cache
 
 
 def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tensor,
@@ -637,7 +635,7 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
     if p.kv2 is None:  # the extra-cache arguments (dummies without one)
         extra = (kv, p.indices, topk_len, 0, 0, 0, 0, 0, 0, 0, 1)
     else:
-        kv2 = _extra_view(p)
+        kv2 = _read_view(p, p.kv2)
         tl2 = p.topk_length2 if p.topk_length2 is not None else p.indices2
         extra = (kv2, p.indices2, tl2, kv2.stride(0), _row_stride(kv2, fmt), p.indices2.stride(0),
                  p.indices2.stride(1), tl2.stride(0), p.topk2, p.num_slots2, p.block_size2)

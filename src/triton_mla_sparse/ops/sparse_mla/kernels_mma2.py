@@ -99,15 +99,17 @@ def _issue(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row, lat
            FMT: gl.constexpr, HAS_ROPE: gl.constexpr):
     """Start the copies of one tile's rows (slot ids ``idx``) into stage ``st`` of the shared buffers."""
     p_row, m_n = _row_ptrs(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row)
-    if FMT == 3:
-        # DeepSeek-V4 pages: the row's first 512 bytes (448 e4m3 NoPE values; the last 64 are the first half of
-        # the RoPE part, copied but unused), its 64 bf16 RoPE values, and its 8 footer bytes (7 UE8M0 exponents
-        # and a pad byte, read as two int32) at 576 · block_size + 8 · offset in the page
+    if FMT >= 2:
+        # the fp8 formats: the row's first 512 bytes as bytes (fp8_ds_mla: the e4m3 latent; V4 pages: 448 e4m3
+        # NoPE values, the last 64 bytes the first half of the RoPE part, copied but unused)
         L8: gl.constexpr = _gather_layout(16, gl.num_warps())
         p8 = gl.convert_layout(p_row, gl.SliceLayout(1, L8))
         m8 = gl.convert_layout(m_n, gl.SliceLayout(1, L8))
         o_c = gl.arange(0, LATENT, gl.SliceLayout(0, L8))
         _async_load(lat_s.index(st), p8[:, None] + o_c[None, :], mask=m8[:, None])
+    if FMT == 3:
+        # DeepSeek-V4 pages: the row's 64 bf16 RoPE values and its 8 footer bytes (7 UE8M0 exponents and a pad
+        # byte, read as two int32) at 576 · block_size + 8 · offset in the page
         LW: gl.constexpr = _v4_scale_layout(gl.num_warps())
         slot = gl.convert_layout(gl.where(m_n, idx, 0), gl.SliceLayout(1, LW))
         i_blk = slot // block_size
@@ -120,11 +122,6 @@ def _issue(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row, lat
         _async_load(rope_s.index(st), (p_row + V4_NOPE).to(gl.pointer_type(gl.bfloat16))[:, None] + o_r[None, :],
                     mask=m_n[:, None])
     elif FMT == 2:
-        L8: gl.constexpr = _gather_layout(16, gl.num_warps())
-        p8 = gl.convert_layout(p_row, gl.SliceLayout(1, L8))
-        m8 = gl.convert_layout(m_n, gl.SliceLayout(1, L8))
-        o_c = gl.arange(0, LATENT, gl.SliceLayout(0, L8))
-        _async_load(lat_s.index(st), p8[:, None] + o_c[None, :], mask=m8[:, None])
         LS: gl.constexpr = _scale_layout(gl.num_warps())
         ps = gl.convert_layout(p_row, gl.SliceLayout(1, LS))
         ms = gl.convert_layout(m_n, gl.SliceLayout(1, LS))
@@ -278,17 +275,21 @@ def _dequant_tile(raw_s, sc_s, deq_s, st, s0, s1, s2, s3, SW_FP8: gl.constexpr):
 
 
 @gluon.jit
-def _dequant_tile_exact(raw_s, sc_s, deq_s, st, SW_FP8: gl.constexpr):
-    """fp8_ds_mla without F16_DOT: e4m3 bytes x their row's tile scale -> the tile ``deq_s`` in q's 16-bit dtype
-    (bf16 holds float32's range, as in the tl kernel: no unit to track, any scales)."""
-    L8: gl.constexpr = _gather_layout(16, gl.num_warps())
-    LQ: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])  # rows as the gather's
-    sc = sc_s.index(st).load(LQ)
-    o_s = gl.arange(0, 4, gl.SliceLayout(0, LQ))
-    for c in gl.static_range(LATENT // 128):
-        sc_c = gl.convert_layout(gl.sum(gl.where(o_s[None, :] == c, sc, 0.0), 1), gl.SliceLayout(1, L8))
-        raw = raw_s.index(st).slice(c * 128, 128, dim=1).load(L8)
-        deq_s.slice(c * 128, 128, dim=1).store((_e4m3_to_f32(raw, SW_FP8) * sc_c[:, None]).to(deq_s.dtype))
+def _dequant_tile_exact(raw_s, sc_s, rope_s, deq_s, st, FMT: gl.constexpr, SW_FP8: gl.constexpr):
+    """The fp8 formats without F16_DOT: e4m3 bytes x their scale -> the tile ``deq_s`` in q's 16-bit dtype (bf16
+    holds float32's range, as in the tl kernel: no unit to track, any scales); fp8_ds_mla with its row's tile
+    scales, DeepSeek-V4 pages with :func:`_dequant_tile_v4`."""
+    if FMT == 3:
+        _dequant_tile_v4(raw_s, sc_s, rope_s, deq_s, st, SW_FP8)
+    else:
+        L8: gl.constexpr = _gather_layout(16, gl.num_warps())
+        LQ: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])  # rows as the gather's
+        sc = sc_s.index(st).load(LQ)
+        o_s = gl.arange(0, 4, gl.SliceLayout(0, LQ))
+        for c in gl.static_range(LATENT // 128):
+            sc_c = gl.convert_layout(gl.sum(gl.where(o_s[None, :] == c, sc, 0.0), 1), gl.SliceLayout(1, L8))
+            raw = raw_s.index(st).slice(c * 128, 128, dim=1).load(L8)
+            deq_s.slice(c * 128, 128, dim=1).store((_e4m3_to_f32(raw, SW_FP8) * sc_c[:, None]).to(deq_s.dtype))
 
 
 @gluon.jit
@@ -561,10 +562,7 @@ def _sparse_mla_fwd_mma2(
             b_s = b_s * b_qmax[:, None]
         else:
             if FMT >= 2:
-                if FMT == 3:
-                    _dequant_tile_v4(raw_s, sc_s, rope_s, lat_s.index(0), st, SW_FP8)
-                else:
-                    _dequant_tile_exact(raw_s, sc_s, lat_s.index(0), st, SW_FP8)
+                _dequant_tile_exact(raw_s, sc_s, rope_s, lat_s.index(0), st, FMT, SW_FP8)
                 _barrier()
                 k_t = lat_s.index(0)
             else:

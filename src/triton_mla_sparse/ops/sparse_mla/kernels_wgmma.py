@@ -20,9 +20,9 @@ from triton.runtime.jit import constexpr_function
 
 from ..._common.launch import CachedLauncher
 from ..._common.pdl import launch_dependents as _launch_dependents
-from .kernels_mma2 import (LATENT, _barrier, _chunk_scales, _dequant_tile, _dequant_tile_exact, _dequant_tile_v4,
-                           _gather_layout, _ids_at, _issue_at, _mask_slots, _prologue, _q_buffers, _q_to_shared,
-                           _row_range, _softmax_step, _store_outputs, _tile_buffers)
+from .kernels_mma2 import (LATENT, _barrier, _chunk_scales, _dequant_tile, _dequant_tile_exact, _gather_layout,
+                           _ids_at, _issue_at, _mask_slots, _prologue, _q_buffers, _q_to_shared, _row_range,
+                           _softmax_step, _store_outputs, _tile_buffers)
 
 
 @constexpr_function
@@ -144,10 +144,7 @@ def _sparse_mla_fwd_wgmma(
             b_s = b_s * b_qmax[:, None]
         else:
             if FMT >= 2:
-                if FMT == 3:
-                    _dequant_tile_v4(raw_s, sc_s, rope_s, lat_s.index(0), st, SW_FP8)
-                else:
-                    _dequant_tile_exact(raw_s, sc_s, lat_s.index(0), st, SW_FP8)
+                _dequant_tile_exact(raw_s, sc_s, rope_s, lat_s.index(0), st, FMT, SW_FP8)
                 hopper.fence_async_shared()
                 _barrier()
                 k_t = lat_s.index(0)
