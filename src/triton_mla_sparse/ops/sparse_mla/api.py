@@ -323,8 +323,8 @@ def sparse_mla_attention(q: Query, kv_cache: torch.Tensor, indices: torch.Tensor
 
     Same arguments, semantics and results as :func:`triton_mla_sparse.reference.sparse_mla_attention` (whose
     docstring is the contract; an extra cache is taken on NVIDIA GPUs and under the interpreter; ``fp8_ds_mla_v4``
-    pages are read by the tl kernel, on NVIDIA, CDNA and RDNA4 GPUs and under the interpreter): returns ``out [T, H,
-    512]`` in q's dtype (written into ``out=`` when given) and,
+    pages on NVIDIA, CDNA and RDNA4 GPUs and under the interpreter): returns ``out [T, H, 512]`` in q's dtype
+    (written into ``out=`` when given) and,
     with ``return_lse=True``, ``lse [T, H]`` float32 (natural log, -inf for a row with no valid index).
     The decode (split top-k) or prefill kernel is chosen from rows × heads against the GPU's multiprocessor count.
     Tensors must be on a CUDA device (or on the CPU with ``TRITON_INTERPRET=1`` set before triton is imported).
