@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .models import VARIANTS
+from .models import VARIANTS, is_v4
 from .prompts import CORRECTNESS_LENGTHS
-from .schema import OURS, PEERS, validate_spec
+from .schema import OURS, OURS_V4, PEER_V4, PEERS, validate_spec
 
 BENCH_DIR = Path(__file__).resolve().parent.parent  # benchmarks/: the worker runs as ``python -m e2e.worker``
 
@@ -40,7 +40,9 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
     """The runs and the pairs to compare: per variant and mode, each cache dtype's peer, ours with vLLM's indexer
     (DeepGEMM on SM90; eager runs also shadow it with ours) and ours with ours forced; on dsv32-h16 with CUDA
     graphs also the n-gram speculator (ours, the peer, and ours without it on the same repetitive prompts) and the
-    software e4m3 path of SM80/86 forced (``TRITON_MLA_SPARSE_SOFT_FP8=always``)."""
+    software e4m3 path of SM80/86 forced (``TRITON_MLA_SPARSE_SOFT_FP8=always``). A DeepSeek-V4 variant runs
+    per mode our layer against vLLM's FlashMLA layer (fp8_ds_mla pages, vLLM's indexer: V4 has one kind); the
+    FlashMLA engines also recompute each eager attention call with our layer's forward (``shadow_attention``)."""
     specs: list[dict] = []
     pairs: list[dict] = []
 
@@ -48,7 +50,22 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
         pairs.append({"kind": kind, "variant": variant, "mode": mode, "kv_cache_dtype": kv, "indexer": indexer,
                       "ours": ours, "peer": peer})
 
+    v3 = tuple(v for v in variants if not is_v4(v))
     for variant in variants:
+        if not is_v4(variant):
+            continue
+        for mode in modes:
+            tag = f"{variant}-{mode}-fp8_ds_mla"
+            specs.append(base_spec(f"{tag}-peer", variant=variant, backend=PEER_V4, kv="fp8_ds_mla", mode=mode,
+                                   model_root=model_root, shadow_attention=True))
+            specs.append(base_spec(f"{tag}-ours", variant=variant, backend=OURS_V4, kv="fp8_ds_mla", mode=mode,
+                                   model_root=model_root, count_calls=True))
+            pair("vs_peer", f"{tag}-ours", f"{tag}-peer", variant=variant, mode=mode, kv="fp8_ds_mla")
+        if {"eager", "graphs"} <= set(modes):
+            for who in ("peer", "ours"):
+                pair(f"{who}_eager_vs_graphs", f"{variant}-eager-fp8_ds_mla-{who}",
+                     f"{variant}-graphs-fp8_ds_mla-{who}", variant=variant, mode="eager~graphs", kv="fp8_ds_mla")
+    for variant in v3:
         for mode in modes:
             for kv, peer in PEERS.items():
                 tag = f"{variant}-{mode}-{kv}"
@@ -64,12 +81,12 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
     # Baselines: how far vLLM's own backend (and ours) drift from themselves between eager and CUDA-graph mode, and
     # what the cache dtype and the indexer alone change, on the same prompts and weights.
     if {"eager", "graphs"} <= set(modes):
-        for variant in variants:
+        for variant in v3:
             for kv in PEERS:
                 for who in ("peer", "ours"):
                     pair(f"{who}_eager_vs_graphs", f"{variant}-eager-{kv}-{who}", f"{variant}-graphs-{kv}-{who}",
                          variant=variant, mode="eager~graphs", kv=kv)
-    for variant in variants:
+    for variant in v3:
         for mode in modes:
             pair("peer_fp8_vs_peer_bf16", f"{variant}-{mode}-fp8_ds_mla-peer", f"{variant}-{mode}-bfloat16-peer",
                  variant=variant, mode=mode, kv="fp8_ds_mla~bfloat16")
@@ -103,6 +120,12 @@ def serving_specs(model_root: str, *, variants: tuple[str, ...] = ("dsv32-h16", 
     specs = []
     serving = {"contexts": [8192, 32768], "batch": {"8192": 32, "32768": 8}, "new_tokens": 128, "repeats": 1}
     for variant in variants:
+        if is_v4(variant):
+            for backend, who in ((OURS_V4, "ours"), (PEER_V4, "peer")):
+                specs.append(base_spec(f"serve-{variant}-fp8_ds_mla-{who}", task="serving", variant=variant,
+                                       backend=backend, kv="fp8_ds_mla", mode="graphs", model_root=model_root,
+                                       serving=serving))
+            continue
         for kv, peer in PEERS.items():
             for backend in (OURS, peer):
                 who = "ours" if backend == OURS else "peer"

@@ -22,9 +22,12 @@ def correctness_rows(pairs: list[dict], results: dict[str, dict]) -> list[dict]:
             row.update(compare_runs(ours, peer))
             cw, pw = (r.get("weights", {}).get("checksum") for r in (ours, peer))
             row["same_weights"] = cw is not None and cw == pw  # both engines drew the same seeded weights
-            for key in ("calls", "indexer_shadow", "speculative"):
+            for key in ("calls", "indexer_shadow", "speculative", "layers"):
                 if key in ours:
                     row[key] = ours[key]
+            for key in ("attention_shadow", "layers"):
+                if key in peer:
+                    row[f"peer_{key}"] = peer[key]
             if "speculative" in peer:
                 row["peer_speculative"] = peer["speculative"]
         else:

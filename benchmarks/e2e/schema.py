@@ -8,7 +8,11 @@ SCHEMA_VERSION = 1
 OURS = "TRITON_MLA_SPARSE"
 #: vLLM 0.33's own sparse backend on SM90 per cache dtype, the peer of ours for that cache (and the only one it reads).
 PEERS = {"bfloat16": "FLASH_ATTN_MLA_SPARSE", "fp8_ds_mla": "FLASHMLA_SPARSE"}
-BACKENDS = (OURS, *PEERS.values())
+#: DeepSeek-V4 models: our attention layer (``TRITON_MLA_SPARSE_DSV4=triton``, no backend named) and vLLM 0.33's
+#: FlashMLA layer on SM90 (named, with our routing off); both read fp8_ds_mla pages only.
+OURS_V4, PEER_V4 = "TRITON_MLA_SPARSE_DSV4", "FLASHMLA_SPARSE_DSV4"
+V4_BACKENDS = (OURS_V4, PEER_V4)
+BACKENDS = (OURS, *PEERS.values(), *V4_BACKENDS)
 KV_CACHE_DTYPES = ("bfloat16", "fp8_ds_mla")
 MODES = ("eager", "graphs")
 TASKS = ("generate", "serving", "trace")
@@ -46,6 +50,13 @@ def validate_spec(spec: dict[str, Any]) -> dict[str, Any]:
     for kv, peer in PEERS.items():
         if spec["backend"] == peer and spec["kv_cache_dtype"] != kv:
             raise ValueError(f"spec: {peer} reads only {kv} caches here, got {spec['kv_cache_dtype']!r}")
+    from .models import is_v4
+
+    if is_v4(spec["variant"]) != (spec["backend"] in V4_BACKENDS):
+        raise ValueError(f"spec: variant {spec['variant']!r} cannot run backend {spec['backend']!r} "
+                         f"(DeepSeek-V4 variants take {V4_BACKENDS}, the others {(OURS, *PEERS.values())})")
+    if spec["backend"] in V4_BACKENDS and spec["kv_cache_dtype"] != "fp8_ds_mla":
+        raise ValueError(f"spec: {spec['backend']} reads only fp8_ds_mla caches, got {spec['kv_cache_dtype']!r}")
     if spec["task"] == "generate":
         _need(spec, _GENERATE_FIELDS, "generate spec")
         if spec["max_tokens"] < 1 or any(not isinstance(n, int) or n < 1 for n in spec["prompts"]):

@@ -6,6 +6,11 @@ distribution (std 0.02, a generator seeded from the run's seed and the parameter
 comparison holds the same weights whatever its attention backend), sets norm gains to 1 and biases to 0, keeps
 quantisation scales, and then recomputes what vLLM's MLA layers derive from ``kv_b_proj`` at load time (``W_UK_T``,
 ``W_UV``) with vLLM's own ``process_weights_after_loading``, which copies in place so captured CUDA graphs stay valid.
+DeepSeek-V4 models have no ``kv_b_proj``: their attention sinks are drawn for the layer's real heads only (FlashMLA's
+layer pads 8 heads to 64, so that a draw of the whole parameter would differ from ours), their hash-MoE tables (drawn at construction from the global generator,
+whose state depends on what the attention layer drew before) are redrawn from the same seeded generators, the mHC
+mixing scales are weights (not quantisation scales), and the model's own load step (the first layer's broadcast mHC
+weight) runs again.
 """
 
 from __future__ import annotations
@@ -20,8 +25,15 @@ KEEP_MARKERS = ("scale", "W_UK", "W_UV", "W_K", "W_V")
 
 
 def rule(name: str, param: torch.Tensor) -> str:
-    """What :func:`reinit` does with a parameter: ``normal``, ``ones`` (norm gains), ``zeros`` (biases) or ``keep``."""
+    """What :func:`reinit` does with a parameter: ``normal``, ``ones`` (norm gains), ``zeros`` (biases), ``hash``
+    (a hash-MoE token-to-expert table), ``sink`` (a per-head attention sink) or ``keep``."""
     leaf = name.rsplit(".", 1)[-1]
+    if leaf == "tid2eid":
+        return "hash"
+    if leaf == "attn_sink":
+        return "sink"
+    if leaf.startswith("hc_") and param.is_floating_point():  # mHC mixing weights, scales included
+        return "normal"
     if any(m in leaf for m in KEEP_MARKERS) or not param.is_floating_point():
         return "keep"
     if "bias" in leaf:
@@ -39,11 +51,26 @@ def param_seed(seed: int, name: str) -> int:
 @torch.no_grad()
 def reinit_parameters(model: torch.nn.Module, *, seed: int = 0, std: float = 0.02) -> dict[str, Any]:
     """Redraw ``model``'s parameters in place (see the module docstring); returns counts and a checksum."""
-    counts = {"normal": 0, "ones": 0, "zeros": 0, "keep": 0}
+    counts = {"normal": 0, "ones": 0, "zeros": 0, "hash": 0, "sink": 0, "keep": 0}
     checksum = 0.0
-    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+    params = dict(model.named_parameters())
+    for name, p in sorted(params.items(), key=lambda kv: kv[0]):
         what = rule(name, p)
         counts[what] += 1
+        if what == "hash":  # experts: the rows of the gate's weight beside it (else the table's own range)
+            gate = params.get(name.rsplit(".", 1)[0] + ".weight")
+            experts = gate.shape[0] if gate is not None else int(p.max()) + 1
+            g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
+            p.copy_(torch.randint(0, experts, p.shape, generator=g, device=p.device, dtype=p.dtype))
+            continue
+        if what == "sink":  # the layer's real heads drawn, padding heads -inf (no sink) as vLLM's loader leaves them
+            owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+            heads = min(int(getattr(owner, "n_local_heads", p.numel())), p.numel())
+            g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
+            p.fill_(float("-inf"))
+            p[:heads] = torch.randn(heads, generator=g, device=p.device, dtype=torch.float32).mul_(std).to(p.dtype)
+            checksum += float(p[:heads].float().abs().sum())
+            continue
         if what == "normal":
             g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
             p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std).to(p.dtype))
@@ -68,12 +95,24 @@ def recompute_mla(model: torch.nn.Module) -> int:
     return n
 
 
+def recompute_v4(model: torch.nn.Module) -> bool:
+    """Re-run a DeepSeek-V4 model's own load step (its first layer's broadcast mHC weight, copied in place);
+    returns whether ``model`` is one."""
+    inner = getattr(model, "model", None)
+    if not hasattr(inner, "finalize_mhc_broadcast_weights"):
+        return False
+    inner.finalize_mhc_broadcast_weights()
+    return True
+
+
 def reinit(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> dict[str, Any]:
-    """The function given to ``LLM.apply_model``: :func:`reinit_parameters` then :func:`recompute_mla`."""
+    """The function given to ``LLM.apply_model``: :func:`reinit_parameters`, then :func:`recompute_mla` (V3.2,
+    GLM-5) or :func:`recompute_v4` (DeepSeek-V4)."""
     info = reinit_parameters(model, seed=seed, std=std)
     info["mla_layers"] = recompute_mla(model)
-    if info["mla_layers"] == 0:
-        raise RuntimeError("no MLA layer found: W_UK_T/W_UV would keep the dummy weights")
+    info["v4"] = recompute_v4(model)
+    if info["mla_layers"] == 0 and not info["v4"]:
+        raise RuntimeError("no MLA layer and no DeepSeek-V4 model found: derived weights would keep the dummy ones")
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return info

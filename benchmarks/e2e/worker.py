@@ -29,11 +29,21 @@ from .schema import validate_spec
 HERE = Path(__file__).resolve().parent
 
 
+def backend_env(spec: dict[str, Any]) -> dict[str, str]:
+    """The environment a spec's backend needs: on a DeepSeek-V4 variant, ours is the plugin's layer
+    (``TRITON_MLA_SPARSE_DSV4=triton``), the peer vLLM's own layer with the plugin's routing off."""
+    from .schema import OURS_V4, PEER_V4
+
+    return {OURS_V4: {"TRITON_MLA_SPARSE_DSV4": "triton"},
+            PEER_V4: {"TRITON_MLA_SPARSE_DSV4": "off"}}.get(spec["backend"], {})
+
+
 def _engine(spec: dict[str, Any]):
     from vllm import LLM
     from vllm.plugins import load_general_plugins
 
-    from .models import write_model
+    from .models import is_v4, write_model
+    from .schema import OURS_V4
     from .weights import reinit
 
     load_general_plugins()  # so that attention_config can name TRITON_MLA_SPARSE
@@ -44,8 +54,6 @@ def _engine(spec: dict[str, Any]):
         skip_tokenizer_init=True,
         dtype="bfloat16",
         kv_cache_dtype=spec["kv_cache_dtype"],
-        attention_config={"backend": spec["backend"]},
-        block_size=64,
         max_model_len=spec["max_model_len"],
         max_num_seqs=spec["max_num_seqs"],
         max_num_batched_tokens=spec["max_num_batched_tokens"],
@@ -56,6 +64,10 @@ def _engine(spec: dict[str, Any]):
         enable_prefix_caching=False,
         disable_log_stats=not spec.get("speculative"),  # the speculator's acceptance counts are stats
     )
+    if not is_v4(spec["variant"]):  # V4's layers pick their own page sizes (64-token window pages, 256 compressed)
+        kwargs["block_size"] = 64
+    if spec["backend"] != OURS_V4:  # ours on V4 is a layer class chosen by the plugin, not a backend name
+        kwargs["attention_config"] = {"backend": spec["backend"]}
     if spec["mode"] == "graphs":
         kwargs["cudagraph_capture_sizes"] = spec["capture_sizes"]
     if spec.get("speculative"):
@@ -64,7 +76,18 @@ def _engine(spec: dict[str, Any]):
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0
     info = llm.apply_model(functools.partial(reinit, seed=spec["weights_seed"], std=spec["weights_std"]))[0]
-    return llm, {"start_s": start_s, "weights": info}
+    return llm, {"start_s": start_s, "weights": info, "layers": llm.apply_model(attention_layers)[0]}
+
+
+def attention_layers(model) -> dict[str, int]:
+    """How many attention layers of each class ``model`` holds (which layer class the engine really built)."""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        name = type(module).__name__
+        if name.endswith("Attention") or (getattr(module, "impl", None) is not None and hasattr(module.impl, "forward_mqa")):
+            key = name if getattr(module, "impl", None) is None else f"{name}/{type(module.impl).__name__}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 class CallCounter:
@@ -97,6 +120,110 @@ class CallCounter:
             return original(impl, q, kv_cache, topk_indices, valid_counts, **kw)
 
         TritonMLASparseImpl._forward_mqa_kernel = counted
+
+
+class V4CallCounter:
+    """Wraps the plugin's ``run_v4_attention`` (one call per decode or prefill part of a V4 layer): calls, rows,
+    calls with the compressed cache, and in eager steps the largest number of valid compressed entries in a row,
+    which shows that a C4A row longer than the top-k ran sparse."""
+
+    def __init__(self) -> None:
+        self.stats = {"calls": 0, "rows": 0, "extra_calls": 0, "captured_calls": 0, "max_valid_extra": 0,
+                      "max_valid_window": 0}
+
+    def install(self) -> None:
+        import torch
+
+        from triton_mla_sparse.integrations.vllm import v4_attention
+
+        original = v4_attention.run_v4_attention
+        stats = self.stats
+
+        def counted(q, output, **kw):
+            stats["calls"] += 1
+            stats["rows"] += int(q.shape[0])
+            stats["extra_calls"] += kw.get("extra_cache") is not None
+            if torch.cuda.is_current_stream_capturing():
+                stats["captured_calls"] += 1
+            else:
+                for key, idx, lens in (("window", "swa_indices", "swa_lens"),
+                                       ("extra", "extra_indices", "extra_lens")):
+                    valid = kw.get(lens)
+                    if valid is None and kw.get(idx) is not None:
+                        valid = (kw[idx].reshape(q.shape[0], -1) >= 0).sum(dim=1)
+                    if valid is not None and valid.numel():
+                        stats[f"max_valid_{key}"] = max(stats[f"max_valid_{key}"], int(valid.max()))
+            return original(q, output, **kw)
+
+        v4_attention.run_v4_attention = counted
+
+
+def shadow_errors(mine, theirs, heads: int, rows: slice) -> dict[str, float]:
+    """Our output against vLLM's for ``rows`` and the first ``heads`` heads: the largest relative error of a
+    (row, head) vector (2-norm), the largest absolute difference, and how many of our values are not finite."""
+    import torch
+
+    a, b = mine[rows, :heads].float(), theirs[rows, :heads].float()
+    if a.numel() == 0:
+        return {"max_rel": 0.0, "max_abs": 0.0, "nonfinite": 0}
+    rel = (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1e-6)
+    return {"max_rel": float(torch.nan_to_num(rel, nan=float("inf")).max()),
+            "max_abs": float(torch.nan_to_num((a - b).abs(), nan=float("inf")).max()),
+            "nonfinite": int((~torch.isfinite(a)).sum())}
+
+
+class AttentionShadow:
+    """In an engine of vLLM's FlashMLA V4 layer: after each eager ``forward_mqa``, the plugin's ``forward_v4``
+    recomputes the same call (same q, caches, sink, indexer top-k and metadata) into a NaN-filled buffer; per layer
+    kind (window / C4A / C128A) and phase (decode / prefill) the calls and the worst differences are kept."""
+
+    def __init__(self) -> None:
+        self.by: dict[str, dict[str, Any]] = {}
+        self.errors: list[str] = []
+        self.calls = 0
+
+    def install(self) -> None:
+        import torch
+        from vllm.forward_context import get_forward_context
+        from vllm.models.deepseek_v4.common.ops import compute_global_topk_indices_and_lens
+        from vllm.models.deepseek_v4.nvidia.flashmla import DeepseekV4FlashMLAAttention
+
+        from triton_mla_sparse.integrations.vllm.v4_attention import forward_v4
+
+        original = DeepseekV4FlashMLAAttention.forward_mqa
+        shadow = self
+
+        def wrapped(layer, q, kv, positions, output):
+            result = original(layer, q, kv, positions, output)
+            md = get_forward_context().attn_metadata
+            if torch.cuda.is_current_stream_capturing() or not isinstance(md, dict):
+                return result
+            try:
+                swa = md[layer.swa_cache_layer.prefix]
+                mine = torch.full_like(output, float("nan"))
+                forward_v4(layer, q, mine, md, compute_global_topk_indices_and_lens)
+                nd, npf = swa.num_decode_tokens, swa.num_prefill_tokens
+                kind = "window" if layer.compress_ratio <= 1 else f"c{layer.compress_ratio}a"
+                for phase, rows in (("decode", slice(0, nd)), ("prefill", slice(nd, nd + npf))):
+                    if rows.stop <= rows.start:
+                        continue
+                    got = shadow_errors(mine, output, layer.n_local_heads, rows)
+                    entry = shadow.by.setdefault(f"{kind}-{phase}", {"calls": 0, "rows": 0, "max_rel": 0.0,
+                                                                      "max_abs": 0.0, "nonfinite": 0})
+                    entry["calls"] += 1
+                    entry["rows"] += rows.stop - rows.start
+                    entry["max_rel"] = max(entry["max_rel"], got["max_rel"])
+                    entry["max_abs"] = max(entry["max_abs"], got["max_abs"])
+                    entry["nonfinite"] += got["nonfinite"]
+                shadow.calls += 1
+            except Exception as e:  # recorded: the shadow must never stop the engine it watches
+                shadow.errors.append(f"{type(e).__name__}: {e}"[:300])
+            return result
+
+        DeepseekV4FlashMLAAttention.forward_mqa = wrapped
+
+    def summary(self) -> dict[str, Any]:
+        return {"calls": self.calls, "by": self.by, "errors": self.errors[:3], "error_count": len(self.errors)}
 
 
 class IndexerShadow:
@@ -170,13 +297,19 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
     from .compare import margin_at
     from .prompts import prompt_set
 
+    from .models import is_v4
+
     counter = shadow = None
     if spec.get("count_calls"):
-        counter = CallCounter()
+        counter = V4CallCounter() if is_v4(spec["variant"]) else CallCounter()
         counter.install()
     if spec.get("shadow_indexer"):
         shadow = IndexerShadow()
         shadow.install()
+    attention_shadow = None
+    if spec.get("shadow_attention"):
+        attention_shadow = AttentionShadow()
+        attention_shadow.install()
     llm, meta = _engine(spec)
     prompts = prompt_set(tuple(spec["prompts"]), seed=spec["prompt_seed"], kind=spec.get("prompt_kind", "random"))
     sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True, logprobs=spec["logprobs"],
@@ -196,6 +329,8 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
         result["calls"] = counter.stats
     if shadow:
         result["indexer_shadow"] = shadow.summary()
+    if attention_shadow:
+        result["attention_shadow"] = attention_shadow.summary()
     spec_stats = _spec_decode_stats(llm)
     if spec_stats:
         result["speculative"] = spec_stats
@@ -279,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = json.loads(Path(argv[0]).read_text())
     validate_spec(spec)
+    os.environ.update(backend_env(spec))
     os.environ.update({k: str(v) for k, v in spec.get("env", {}).items()})
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     t0 = time.time()

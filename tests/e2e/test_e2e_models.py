@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from e2e.models import VARIANTS, model_config, write_model
+from e2e.models import VARIANTS, is_v4, model_config, write_model
 from e2e.prompts import CORRECTNESS_LENGTHS, prompt_set, random_prompt, repetitive_prompt
 
 
@@ -11,6 +11,16 @@ from e2e.prompts import CORRECTNESS_LENGTHS, prompt_set, random_prompt, repetiti
 def test_model_config_shapes(variant):
     v = VARIANTS[variant]
     cfg = model_config(variant, max_position_embeddings=40960)
+    assert cfg["max_position_embeddings"] == 40960 and is_v4(variant) == (v.family == "dsv4")
+    if is_v4(variant):  # V4-Flash's attention: one KV head 512 wide, window 128, top-k 512, one layer of each kind
+        assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (v.heads, 1, 512)
+        assert (cfg["sliding_window"], cfg["index_topk"], cfg["index_n_heads"], cfg["index_head_dim"]) == \
+            (128, 512, 64, 128)
+        assert cfg["architectures"] == ["DeepseekV4ForCausalLM"] and cfg["model_type"] == "deepseek_v4"
+        assert sorted(cfg["layer_types"]) == ["compressed_sparse_attention", "heavily_compressed_attention",
+                                              "sliding_attention"]
+        assert v.heads % cfg["o_groups"] == 0
+        return
     assert cfg["num_attention_heads"] == cfg["num_key_value_heads"] == v.heads
     assert cfg["kv_lora_rank"] == 512 and cfg["qk_rope_head_dim"] == 64 and cfg["index_topk"] == 2048
     assert cfg["max_position_embeddings"] == 40960
@@ -23,7 +33,7 @@ def test_model_config_shapes(variant):
 
 def test_model_config_rejects_bad_input():
     with pytest.raises(ValueError, match="variant"):
-        model_config("dsv4", max_position_embeddings=40960)
+        model_config("dsv5", max_position_embeddings=40960)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         model_config("dsv32-h16", max_position_embeddings=100)
 

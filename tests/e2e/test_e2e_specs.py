@@ -6,7 +6,8 @@ import pytest
 from e2e.matrix import OURS, PEERS, base_spec, correctness_specs, serving_specs
 from e2e.results import (correctness_rows, correctness_table, merge, new_document, readme_soak_table, serving_rows,
                          serving_table, summary_table)
-from e2e.schema import validate_results, validate_spec
+from e2e.schema import OURS_V4, PEER_V4, validate_results, validate_spec
+from e2e.worker import backend_env
 
 
 def test_matrix_covers_the_issue():
@@ -16,12 +17,21 @@ def test_matrix_covers_the_issue():
     for p in pairs:
         assert p["ours"] in names and p["peer"] in names
     vs_peer = [p for p in pairs if p["kind"] == "vs_peer"]
-    # every variant x mode x cache, with vLLM's indexer and with ours forced
+    # every variant x mode x cache, with vLLM's indexer and with ours forced; V4: fp8_ds_mla, vLLM's indexer
     assert {(p["variant"], p["mode"], p["kv_cache_dtype"], p["indexer"]) for p in vs_peer} == {
         (v, m, kv, ix) for v in ("dsv32-h128", "dsv32-h16", "glm5-h8") for m in ("eager", "graphs")
-        for kv in PEERS for ix in ("vllm", "ours")}
+        for kv in PEERS for ix in ("vllm", "ours")} | {
+        (v, m, "fp8_ds_mla", "vllm") for v in ("dsv4-h8", "dsv4-h64") for m in ("eager", "graphs")}
     by_name = {s["name"]: s for s in specs}
     for p in vs_peer:
+        if p["variant"].startswith("dsv4"):
+            o, q = by_name[p["ours"]], by_name[p["peer"]]
+            assert (o["backend"], q["backend"]) == (OURS_V4, PEER_V4) and q.get("shadow_attention")
+            assert o.get("count_calls") and not o.get("shadow_attention")
+            assert backend_env(o) == {"TRITON_MLA_SPARSE_DSV4": "triton"}
+            assert backend_env(q) == {"TRITON_MLA_SPARSE_DSV4": "off"}
+            assert o["prompts"] == q["prompts"] == [17, 300, 2500, 5000, 16000]
+            continue
         o, q = by_name[p["ours"]], by_name[p["peer"]]
         assert o["backend"] == OURS and q["backend"] == PEERS[p["kv_cache_dtype"]]
         same = ("variant", "mode", "kv_cache_dtype", "prompts", "max_tokens", "weights_seed", "max_model_len")
@@ -38,6 +48,18 @@ def test_serving_specs():
     assert {(s["variant"], s["backend"]) for s in specs} == {
         (v, b) for v in ("dsv32-h16", "dsv32-h128") for b in (OURS, *PEERS.values())}
     assert all(s["serving"]["contexts"] == [8192, 32768] and s["mode"] == "graphs" for s in specs)
+    v4 = serving_specs("/m", variants=("dsv4-h8", "dsv4-h64"))
+    assert {(s["variant"], s["backend"], s["kv_cache_dtype"]) for s in v4} == {
+        (v, b, "fp8_ds_mla") for v in ("dsv4-h8", "dsv4-h64") for b in (OURS_V4, PEER_V4)}
+
+
+def test_v4_variants_take_v4_backends_only():
+    base_spec("x", variant="dsv4-h8", backend=OURS_V4, kv="fp8_ds_mla", mode="eager", model_root="/m")
+    for variant, backend, kv, msg in (("dsv4-h8", OURS, "fp8_ds_mla", "cannot run"),
+                                      ("glm5-h8", PEER_V4, "fp8_ds_mla", "cannot run"),
+                                      ("dsv4-h64", PEER_V4, "bfloat16", "fp8_ds_mla")):
+        with pytest.raises(ValueError, match=msg):
+            base_spec("x", variant=variant, backend=backend, kv=kv, mode="eager", model_root="/m")
 
 
 def test_validate_spec_names_the_field():
