@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .compare import compare_runs
-from .schema import OURS, PEERS, SCHEMA_VERSION, validate_results
+from .schema import OURS, OURS_V4, PEER_V4, PEERS, SCHEMA_VERSION, validate_results
 
 
 def correctness_rows(pairs: list[dict], results: dict[str, dict]) -> list[dict]:
@@ -204,4 +204,55 @@ def readme_soak_table(doc: dict[str, Any]) -> str:
         lines.append(f"| {r['name']} | {r['backend']} | {invariant} | {indexer} | {r['requests']:,} ({r['errors']}) "
                      f"| {r['preemptions']} | {r['identical']:,} / {r['compared']:,} | {r['near_tie']:,} / "
                      f"{r['mismatch']:,} | {'yes' if r['ok'] else 'no'} |")
+    return "\n".join(lines)
+
+
+_V4_LABEL = {"dsv4-h8": "DSV4 h8", "dsv4-h64": "DSV4 h64"}
+_SHADOW_KINDS = ("window", "c4a", "c128a")
+
+
+def _shadow_cell(r: dict[str, Any] | None, phase: str) -> str:
+    """The attention shadow's worst relative error per layer kind (window / C4A / C128A) for ``phase``."""
+    by = ((r or {}).get("peer_attention_shadow") or {}).get("by") or {}
+    cells = [by.get(f"{k}-{phase}") for k in _SHADOW_KINDS]
+    if not all(cells):
+        return "—"
+    return " / ".join(f"{c['max_rel']:.1e}" for c in cells) + f" ({sum(c['calls'] for c in cells)} calls)"
+
+
+def readme_v4_table(doc: dict[str, Any]) -> str:
+    """The README's DeepSeek-V4 table: ours (the plugin's layer) against vLLM's FlashMLA layer per model and mode —
+    agreement cells as in :func:`readme_correctness_table`, the eager-vs-graphs yardsticks, and the attention
+    shadow (in the FlashMLA engine our layer recomputes each eager call: worst relative error per layer kind)."""
+    lines = ["| model | mode | ours vs FLASHMLA_SPARSE_DSV4 | it, eager vs graphs | ours, eager vs graphs | "
+             "shadow, prefill: window / C4A / C128A | shadow, decode |", "|---|---|---|---|---|---|---|"]
+    for v in _V4_LABEL:
+        for mode in ("eager", "graphs"):
+            r = _pair(doc, "vs_peer", v, "fp8_ds_mla", mode)
+            if r is None:
+                continue
+            lines.append(f"| {_V4_LABEL[v]} | {mode} | {_cell(r)} | "
+                         f"{_cell(_pair(doc, 'peer_eager_vs_graphs', v, 'fp8_ds_mla'))} | "
+                         f"{_cell(_pair(doc, 'ours_eager_vs_graphs', v, 'fp8_ds_mla'))} | "
+                         f"{_shadow_cell(r, 'prefill')} | {_shadow_cell(r, 'decode')} |")
+    return "\n".join(lines)
+
+
+def readme_v4_serving_table(doc: dict[str, Any]) -> str:
+    """The README's DeepSeek-V4 serving table (same columns as :func:`readme_serving_table`)."""
+    rows = {(r["variant"], r["backend"]): r for r in doc.get("serving", []) if r["kv_cache_dtype"] == "fp8_ds_mla"}
+    lines = ["| model | backend | TTFT 8K / 32K ms | TPOT 8K / 32K ms | decode tok/s, 32 × 8K / 8 × 32K |",
+             "|---|---|---|---|---|"]
+    for v in _V4_LABEL:
+        for backend in (OURS_V4, PEER_V4):
+            r = rows.get((v, backend))
+            if r is None:
+                continue
+            if not r["ok"]:
+                lines.append(f"| {_V4_LABEL[v]} | {backend} | failed | | |")
+                continue
+            c = {x["context"]: x for x in r["contexts"]}
+            lines.append(f"| {_V4_LABEL[v]} | {backend} | {c[8192]['ttft_ms']:.1f} / {c[32768]['ttft_ms']:.1f} | "
+                         f"{c[8192]['tpot_ms']:.2f} / {c[32768]['tpot_ms']:.2f} | "
+                         f"{c[8192]['decode_tok_s']:,.0f} / {c[32768]['decode_tok_s']:,.0f} |")
     return "\n".join(lines)

@@ -82,3 +82,52 @@ def test_reinit_is_seeded_in_place_and_recomputes_mla():
     assert not torch.equal(a.embed.weight, (c := _model(), reinit_parameters(c, seed=6))[0].embed.weight)
     assert recompute_mla(a) == 1 and a.attn.calls == 1
     assert torch.equal(a.attn.W_UK_T, a.attn.kv_b_proj.weight[:2, :2])
+
+
+def _v4(padded_heads, experts=6):
+    """A stand-in for the parts of a DeepSeek-V4 model that the weights treat apart: a sink over padded heads, a
+    hash-MoE gate's table and weight, mHC mixing weights and vLLM's mHC broadcast step."""
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.Module()
+            self.attn.n_local_heads = 3
+            self.attn.attn_sink = torch.nn.Parameter(torch.full((padded_heads,), float("-inf")), requires_grad=False)
+            self.gate = torch.nn.Linear(4, experts, bias=False)
+            self.gate.tid2eid = torch.nn.Parameter(torch.zeros(50, 2, dtype=torch.int32), requires_grad=False)
+            self.hc_attn_scale = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
+            self.broadcast = None
+
+        def finalize_mhc_broadcast_weights(self):
+            self.broadcast = self.hc_attn_scale.detach().clone()
+
+    m = torch.nn.Module()
+    m.model = Inner()
+    return m
+
+
+def test_v4_weights_match_whatever_the_head_padding():
+    """FlashMLA's layer pads 8 heads to 64: the real heads' sinks must be drawn alike, the padding left at -inf; the
+    hash table is redrawn from the seed within the gate's experts; mHC scales are weights; the model's own mHC step
+    runs again."""
+    from e2e.weights import reinit, recompute_v4
+
+    assert rule("model.layers.0.attn.attn_sink", torch.zeros(8)) == "sink"
+    assert rule("model.layers.0.ffn.gate.tid2eid", torch.zeros(2, dtype=torch.int32)) == "hash"
+    assert rule("model.layers.0.hc_attn_scale", torch.zeros(3)) == "normal"
+    assert rule("model.layers.0.attn._k_scale", torch.zeros(1)) == "keep"
+    a, b = _v4(3), _v4(64)
+    ia, ib = reinit(a, seed=2), reinit(b, seed=2)
+    assert ia["v4"] and ib["v4"] and ia["mla_layers"] == 0 and ia["checksum"] == ib["checksum"]
+    assert torch.equal(a.model.attn.attn_sink, b.model.attn.attn_sink[:3])
+    assert torch.isinf(b.model.attn.attn_sink[3:]).all() and torch.isfinite(a.model.attn.attn_sink).all()
+    assert torch.equal(a.model.gate.tid2eid, b.model.gate.tid2eid)
+    t = a.model.gate.tid2eid
+    assert t.dtype == torch.int32 and int(t.min()) >= 0 and int(t.max()) < 6 and len(t.unique()) > 1
+    assert torch.equal(a.model.broadcast, a.model.hc_attn_scale) and bool(a.model.hc_attn_scale.abs().sum() > 0)
+    c = _v4(3)
+    reinit(c, seed=3)
+    assert not torch.equal(t, c.model.gate.tid2eid)  # another seed, another table
+    assert not recompute_v4(torch.nn.Linear(2, 2))
+    with pytest.raises(RuntimeError, match="no MLA layer"):
+        reinit(torch.nn.Linear(2, 2))
