@@ -30,6 +30,9 @@ start)
         bash /tmp/vllm-stage/unpack.sh /tmp/vllm-stage >/tmp/unpack.log 2>&1 || { tail -20 /tmp/unpack.log; exit 1; }
         tail -2 /tmp/unpack.log
     fi
+    if ls /tmp/vllm-extra-stage/*.whl >/dev/null 2>&1 && [ ! -f /tmp/vllm-extra-stage/SHA256 ]; then
+        echo "extra wheels staged without their SHA256 (stage the last .vllm-extra chunk too)"; exit 1
+    fi
     if [ -f /tmp/vllm-extra-stage/SHA256 ] && [ ! -f /tmp/vllm-site/.extra-done ]; then
         (cd /tmp/vllm-extra-stage && sha256sum -c SHA256) || exit 1
         # wheels unpacked beside vLLM, keeping each member's mode bits (TileLang and z3 ship shared libraries)
@@ -53,8 +56,9 @@ PY
     if [ "${SKIP_SMOKE:-0}" != "1" ]; then
     # A smoke run first (one eager engine): a broken harness shows here, before the background runs start.
     (cd benchmarks && PYTHONUNBUFFERED=1 timeout 420 python3 -m e2e correctness --out "$E2E"/smoke \
-        --variants "${SMOKE_VARIANTS:-glm5-h8}" --modes eager --only "${SMOKE_RE:-bfloat16-ours\$}" --parallel 4 \
-        --timeout 400) 2>&1 | tail -5
+        --variants "${SMOKE_VARIANTS:-glm5-h8}" --modes eager --only "${SMOKE_RE:-(bfloat16|dsv4-h[0-9]+-eager-fp8_ds_mla)-ours\$}" \
+        --parallel 4 --timeout 400) 2>&1 | tail -5
+    ls "$E2E"/smoke/runs/*.json >/dev/null 2>&1 || { echo "smoke: no run matched SMOKE_VARIANTS / SMOKE_RE"; exit 1; }
     python3 - "$E2E"/smoke/runs/*.json <<'PY' || exit 1
 import json, sys
 ok = True

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Re-cut a payload of ../shared/tools/vllm-offline/build-payload.sh into smaller chunks, so that one chunk plus this
 # checkout fits one device call (64 MiB in all): the same site.tar.xz (its SHA256 is checked), parts of SIZE.
-#   bash benchmarks/e2e/resplit-payload.sh [DIR] [SIZE]      (default .vllm-payload, 54M)
+#   bash benchmarks/e2e/resplit-payload.sh [DIR] [SIZE]      (default .vllm-payload, 54M; at most 10 parts, as
+#                                                             unpack.sh orders part0 … part9 by its glob)
 set -euo pipefail
 DIR=${1:-.vllm-payload}; SIZE=${2:-54M}
 work=$(mktemp -d)

@@ -12,12 +12,45 @@ from .compare import compare_runs
 from .schema import OURS, OURS_V4, PEER_V4, PEERS, SCHEMA_VERSION, validate_results
 
 
+#: The attention layer class each side of a DeepSeek-V4 pair must have built for every layer.
+V4_LAYER = {OURS_V4: "DeepseekV4TritonMLAAttention", PEER_V4: "DeepseekV4FlashMLAAttention"}
+
+
+def v4_checks(run: dict[str, Any]) -> list[str]:
+    """What a DeepSeek-V4 run must show to count (empty: all of it): every attention layer of its backend's class;
+    ours: calls through our layer; FlashMLA's with the attention shadow: shadowed calls, no error, no non-finite."""
+    spec = run.get("spec", {})
+    backend = spec.get("backend")
+    problems = []
+    layers = run.get("layers") or {}
+    if not layers or set(layers) != {V4_LAYER.get(backend)}:
+        problems.append(f"attention layers {layers} are not all {V4_LAYER.get(backend)}")
+    if backend == OURS_V4 and spec.get("count_calls") and not (run.get("calls") or {}).get("calls"):
+        problems.append("no call went through our layer")
+    if spec.get("shadow_attention"):
+        sh = run.get("attention_shadow") or {}
+        if not sh.get("calls"):
+            problems.append("the attention shadow compared no call")
+        if sh.get("error_count"):
+            problems.append(f"the attention shadow failed {sh['error_count']} times: {sh.get('errors')}")
+        if any(e.get("nonfinite") for e in (sh.get("by") or {}).values()):
+            problems.append("the attention shadow saw non-finite outputs of ours")
+    return problems
+
+
 def correctness_rows(pairs: list[dict], results: dict[str, dict]) -> list[dict]:
-    """One row per compared pair: agreement per prompt, our call counts and the indexer shadow when recorded."""
+    """One row per compared pair: agreement per prompt, our call counts and the indexer shadow when recorded. A
+    DeepSeek-V4 pair is ``ok`` only when both runs pass :func:`v4_checks`."""
     rows = []
     for pair in pairs:
         ours, peer = results.get(pair["ours"], {}), results.get(pair["peer"], {})
         row = {**pair, "ok": bool(ours.get("ok") and peer.get("ok"))}
+        if row["ok"] and pair["variant"].startswith("dsv4"):
+            problems = v4_checks(ours) + v4_checks(peer)
+            if problems:
+                row.update(ok=False, errors={"checks": "; ".join(problems)})
+                rows.append(row)
+                continue
         if row["ok"]:
             row.update(compare_runs(ours, peer))
             cw, pw = (r.get("weights", {}).get("checksum") for r in (ours, peer))
@@ -222,10 +255,12 @@ def _shadow_cell(r: dict[str, Any] | None, phase: str) -> str:
 
 def readme_v4_table(doc: dict[str, Any]) -> str:
     """The README's DeepSeek-V4 table: ours (the plugin's layer) against vLLM's FlashMLA layer per model and mode —
-    agreement cells as in :func:`readme_correctness_table`, the eager-vs-graphs yardsticks, and the attention
-    shadow (in the FlashMLA engine our layer recomputes each eager call: worst relative error per layer kind)."""
+    agreement cells as in :func:`readme_correctness_table` ("failed" where :func:`v4_checks` fails), the
+    eager-vs-graphs yardsticks, and, for the eager engines, the attention shadow (in the FlashMLA engine our layer
+    recomputes each call: worst relative error per layer kind; in CUDA-graph mode decode replays are not
+    shadowed)."""
     lines = ["| model | mode | ours vs FLASHMLA_SPARSE_DSV4 | it, eager vs graphs | ours, eager vs graphs | "
-             "shadow, prefill: window / C4A / C128A | shadow, decode |", "|---|---|---|---|---|---|---|"]
+             "shadow (eager), prefill: window / C4A / C128A | shadow (eager), decode |", "|---|---|---|---|---|---|---|"]
     for v in _V4_LABEL:
         for mode in ("eager", "graphs"):
             r = _pair(doc, "vs_peer", v, "fp8_ds_mla", mode)
@@ -234,7 +269,8 @@ def readme_v4_table(doc: dict[str, Any]) -> str:
             lines.append(f"| {_V4_LABEL[v]} | {mode} | {_cell(r)} | "
                          f"{_cell(_pair(doc, 'peer_eager_vs_graphs', v, 'fp8_ds_mla'))} | "
                          f"{_cell(_pair(doc, 'ours_eager_vs_graphs', v, 'fp8_ds_mla'))} | "
-                         f"{_shadow_cell(r, 'prefill')} | {_shadow_cell(r, 'decode')} |")
+                         + (f"{_shadow_cell(r, 'prefill')} | {_shadow_cell(r, 'decode')} |" if mode == "eager"
+                            else "| |"))
     return "\n".join(lines)
 
 

@@ -62,6 +62,7 @@ def reinit_parameters(model: torch.nn.Module, *, seed: int = 0, std: float = 0.0
             experts = gate.shape[0] if gate is not None else int(p.max()) + 1
             g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
             p.copy_(torch.randint(0, experts, p.shape, generator=g, device=p.device, dtype=p.dtype))
+            checksum += float(p.double().sum())
             continue
         if what == "sink":  # the layer's real heads drawn, padding heads -inf (no sink) as vLLM's loader leaves them
             owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model

@@ -123,13 +123,15 @@ class CallCounter:
 
 
 class V4CallCounter:
-    """Wraps the plugin's ``run_v4_attention`` (one call per decode or prefill part of a V4 layer): calls, rows,
-    calls with the compressed cache, and in eager steps the largest number of valid compressed entries in a row,
-    which shows that a C4A row longer than the top-k ran sparse."""
+    """Wraps the plugin's ``run_v4_attention`` (one call per decode or prefill part of a V4 layer): the calls
+    recorded into CUDA graphs, and in the measured generate call's eager steps the calls, rows, calls with the
+    compressed cache and the largest number of valid entries in a row of either list (a compressed row with all
+    512 entries valid: the C4A top-k is full)."""
 
     def __init__(self) -> None:
         self.stats = {"calls": 0, "rows": 0, "extra_calls": 0, "captured_calls": 0, "max_valid_extra": 0,
                       "max_valid_window": 0}
+        self.active = False  # set around the measured generate call: vLLM's warm-up and capture runs are not counted
 
     def install(self) -> None:
         import torch
@@ -138,14 +140,15 @@ class V4CallCounter:
 
         original = v4_attention.run_v4_attention
         stats = self.stats
+        counter = self
 
         def counted(q, output, **kw):
-            stats["calls"] += 1
-            stats["rows"] += int(q.shape[0])
-            stats["extra_calls"] += kw.get("extra_cache") is not None
-            if torch.cuda.is_current_stream_capturing():
+            if q.is_cuda and torch.cuda.is_current_stream_capturing():  # recorded into a CUDA graph (engine start)
                 stats["captured_calls"] += 1
-            else:
+            elif counter.active:
+                stats["calls"] += 1
+                stats["rows"] += int(q.shape[0])
+                stats["extra_calls"] += kw.get("extra_cache") is not None
                 for key, idx, lens in (("window", "swa_indices", "swa_lens"),
                                        ("extra", "extra_indices", "extra_lens")):
                     valid = kw.get(lens)
@@ -173,14 +176,18 @@ def shadow_errors(mine, theirs, heads: int, rows: slice) -> dict[str, float]:
 
 
 class AttentionShadow:
-    """In an engine of vLLM's FlashMLA V4 layer: after each eager ``forward_mqa``, the plugin's ``forward_v4``
-    recomputes the same call (same q, caches, sink, indexer top-k and metadata) into a NaN-filled buffer; per layer
-    kind (window / C4A / C128A) and phase (decode / prefill) the calls and the worst differences are kept."""
+    """In an engine of vLLM's FlashMLA V4 layer: after each eager ``forward_mqa`` of the measured generate call, the
+    plugin's ``forward_v4`` recomputes the same call (same q, caches, sink, indexer top-k and metadata) into a
+    NaN-filled buffer; per layer kind (window / C4A / C128A) and phase (decode / prefill) the calls and the worst
+    differences are kept. FlashMLA's layer hands ``forward_mqa`` q padded to 64 heads; the recomputation takes the
+    layer's real heads only, so our kernels run the configuration an engine of ours runs. Decode steps replayed from
+    a CUDA graph call no Python and are not shadowed."""
 
     def __init__(self) -> None:
         self.by: dict[str, dict[str, Any]] = {}
         self.errors: list[str] = []
         self.calls = 0
+        self.active = False
 
     def install(self) -> None:
         import torch
@@ -196,18 +203,19 @@ class AttentionShadow:
         def wrapped(layer, q, kv, positions, output):
             result = original(layer, q, kv, positions, output)
             md = get_forward_context().attn_metadata
-            if torch.cuda.is_current_stream_capturing() or not isinstance(md, dict):
+            if not shadow.active or torch.cuda.is_current_stream_capturing() or not isinstance(md, dict):
                 return result
             try:
                 swa = md[layer.swa_cache_layer.prefix]
-                mine = torch.full_like(output, float("nan"))
-                forward_v4(layer, q, mine, md, compute_global_topk_indices_and_lens)
+                heads = layer.n_local_heads
+                mine = torch.full((q.shape[0], heads, q.shape[2]), float("nan"), dtype=output.dtype, device=q.device)
+                forward_v4(layer, q[:, :heads], mine, md, compute_global_topk_indices_and_lens)
                 nd, npf = swa.num_decode_tokens, swa.num_prefill_tokens
                 kind = "window" if layer.compress_ratio <= 1 else f"c{layer.compress_ratio}a"
                 for phase, rows in (("decode", slice(0, nd)), ("prefill", slice(nd, nd + npf))):
                     if rows.stop <= rows.start:
                         continue
-                    got = shadow_errors(mine, output, layer.n_local_heads, rows)
+                    got = shadow_errors(mine, output, heads, rows)
                     entry = shadow.by.setdefault(f"{kind}-{phase}", {"calls": 0, "rows": 0, "max_rel": 0.0,
                                                                       "max_abs": 0.0, "nonfinite": 0})
                     entry["calls"] += 1
@@ -314,9 +322,14 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
     prompts = prompt_set(tuple(spec["prompts"]), seed=spec["prompt_seed"], kind=spec.get("prompt_kind", "random"))
     sp = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True, logprobs=spec["logprobs"],
                         detokenize=False)
+    watched = [w for w in (counter, attention_shadow) if w is not None and hasattr(w, "active")]
+    for w in watched:
+        w.active = True
     t0 = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
     gen_s = time.perf_counter() - t0
+    for w in watched:
+        w.active = False
     rows = []
     for p, o in zip(prompts, outs):
         c = o.outputs[0]

@@ -11,8 +11,10 @@ from e2e.prompts import CORRECTNESS_LENGTHS, prompt_set, random_prompt, repetiti
 def test_model_config_shapes(variant):
     v = VARIANTS[variant]
     cfg = model_config(variant, max_position_embeddings=40960)
-    assert cfg["max_position_embeddings"] == 40960 and is_v4(variant) == (v.family == "dsv4")
+    assert cfg["max_position_embeddings"] == 40960
     if is_v4(variant):  # V4-Flash's attention: one KV head 512 wide, window 128, top-k 512, one layer of each kind
+        # vLLM routes V4's sqrtsoftplus scores only with the correction bias that ``noaux_tc`` creates
+        assert cfg["topk_method"] == "noaux_tc" and "scoring_func" not in cfg
         assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (v.heads, 1, 512)
         assert (cfg["sliding_window"], cfg["index_topk"], cfg["index_n_heads"], cfg["index_head_dim"]) == \
             (128, 512, 64, 128)

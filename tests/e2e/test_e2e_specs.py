@@ -30,7 +30,9 @@ def test_matrix_covers_the_issue():
             assert o.get("count_calls") and not o.get("shadow_attention")
             assert backend_env(o) == {"TRITON_MLA_SPARSE_DSV4": "triton"}
             assert backend_env(q) == {"TRITON_MLA_SPARSE_DSV4": "off"}
-            assert o["prompts"] == q["prompts"] == [17, 300, 2500, 5000, 16000]
+            same = ("variant", "mode", "kv_cache_dtype", "prompts", "max_tokens", "weights_seed", "max_model_len",
+                    "max_num_batched_tokens", "capture_sizes", "env")
+            assert all(o[k] == q[k] for k in same) and o["prompts"] == [17, 300, 2500, 5000, 16000]
             continue
         o, q = by_name[p["ours"]], by_name[p["peer"]]
         assert o["backend"] == OURS and q["backend"] == PEERS[p["kv_cache_dtype"]]
@@ -169,3 +171,76 @@ def test_readme_tables_are_the_committed_results():
     assert newest.name in readme
     assert readme_v4_table(doc) in readme and "DSV4 h64 | graphs" in readme_v4_table(doc)
     assert readme_v4_serving_table(doc) in readme
+
+
+def _v4_run(backend, **extra):
+    spec = base_spec("r", variant="dsv4-h8", backend=backend, kv="fp8_ds_mla", mode="eager", model_root="/m",
+                     **({"count_calls": True} if backend == OURS_V4 else {"shadow_attention": True}))
+    layer = "DeepseekV4TritonMLAAttention" if backend == OURS_V4 else "DeepseekV4FlashMLAAttention"
+    run = {"ok": True, "spec": spec, "layers": {layer: 3}}
+    if backend == OURS_V4:
+        run["calls"] = {"calls": 5}
+    else:
+        run["attention_shadow"] = {"calls": 4, "error_count": 0, "errors": [],
+                                   "by": {"window-prefill": {"calls": 1, "rows": 9, "max_rel": 1e-3, "max_abs": 1e-3,
+                                                             "nonfinite": 0}}}
+    run.update(extra)
+    return run
+
+
+def test_v4_pairs_count_only_with_the_expected_layers_and_a_clean_shadow():
+    from e2e.results import v4_checks
+
+    assert v4_checks(_v4_run(OURS_V4)) == [] and v4_checks(_v4_run(PEER_V4)) == []
+    bad = {
+        "layers": _v4_run(OURS_V4, layers={"DeepseekV4FlashMLAAttention": 3}),  # the routing did not take
+        "no calls": _v4_run(OURS_V4, calls={"calls": 0}),
+        "shadow idle": _v4_run(PEER_V4, attention_shadow={"calls": 0, "error_count": 0, "by": {}}),
+        "shadow errors": _v4_run(PEER_V4, attention_shadow={"calls": 3, "error_count": 1, "errors": ["x"], "by": {}}),
+        "non-finite": _v4_run(PEER_V4, attention_shadow={"calls": 3, "error_count": 0, "by": {
+            "c4a-decode": {"calls": 3, "rows": 3, "max_rel": 0.0, "max_abs": 0.0, "nonfinite": 2}}}),
+    }
+    for what, run in bad.items():
+        assert v4_checks(run), what
+    prompts = [{"length": 17, "tokens": [1, 2], "first_logprobs": {"1": -0.5}, "top2_margins": [0.1, 0.1]}]
+    good = {"o": {**_v4_run(OURS_V4), "prompts": prompts}, "p": {**_v4_run(PEER_V4), "prompts": prompts}}
+    pair = {"kind": "vs_peer", "variant": "dsv4-h8", "mode": "eager", "kv_cache_dtype": "fp8_ds_mla",
+            "indexer": "vllm", "ours": "o", "peer": "p"}
+    assert correctness_rows([pair], good)[0]["ok"]
+    row = correctness_rows([pair], {**good, "o": {**bad["layers"], "prompts": prompts}})[0]
+    assert not row["ok"] and "attention layers" in row["errors"]["checks"]
+
+
+def test_shadow_errors_measure_the_real_heads_and_rows():
+    import torch
+    from e2e.worker import shadow_errors
+
+    theirs = torch.randn(6, 8, 512)
+    mine = theirs.clone()
+    mine[2, 1] *= 1.01  # 1 % on one (row, head) vector
+    mine[5, 7] = float("nan")  # outside the compared heads
+    got = shadow_errors(mine, theirs, 4, slice(0, 5))
+    assert got["nonfinite"] == 0 and abs(got["max_rel"] - 0.01) < 1e-4
+    assert shadow_errors(mine, theirs, 8, slice(0, 6))["nonfinite"] == 512
+    assert shadow_errors(mine, theirs, 8, slice(3, 3)) == {"max_rel": 0.0, "max_abs": 0.0, "nonfinite": 0}
+
+
+def test_v4_counter_counts_the_measured_calls_only(monkeypatch):
+    import torch
+    from e2e.worker import V4CallCounter
+
+    from triton_mla_sparse.integrations.vllm import v4_attention
+
+    seen = []
+    monkeypatch.setattr(v4_attention, "run_v4_attention", lambda q, output, **kw: seen.append(q.shape[0]))
+    counter = V4CallCounter()
+    counter.install()
+    q = torch.zeros(3, 8, 512)
+    lens = torch.tensor([5, 512, 7])
+    v4_attention.run_v4_attention(q, q, swa_indices=torch.zeros(3, 128), swa_lens=torch.tensor([1, 2, 3]))
+    assert seen == [3] and counter.stats["calls"] == 0  # a warm-up call: passed through, not counted
+    counter.active = True
+    v4_attention.run_v4_attention(q, q, swa_indices=torch.zeros(3, 128), swa_lens=torch.tensor([1, 128, 3]),
+                                  extra_cache=q, extra_indices=torch.zeros(3, 512), extra_lens=lens)
+    s = counter.stats
+    assert (s["calls"], s["rows"], s["extra_calls"], s["max_valid_window"], s["max_valid_extra"]) == (1, 3, 1, 128, 512)
