@@ -7,6 +7,13 @@ interpreter: vLLM's launcher cannot inspect an interpreted kernel), fill a paged
 (per 64-token block: 64·128 e4m3 bytes, then 64 float32 power-of-two scales; blocks apart by more than a block,
 the gaps poisoned), run the op (``forward`` → ``torch.ops.triton_mla_sparse.sparse_attn_indexer``) and the function
 the DeepSeek-V3.2 / GLM-5 model calls, and compare each row's top-k set with ``reference.indexer_topk``.
+
+DeepSeek-V4's compressed indexer (``compress_ratio`` 4, its C4A layers) is run the same way: the builder is given
+the page geometry of vLLM's ``DeepseekV4IndexerCache`` (its kv-cache spec: 256-token blocks of 64 compressed
+entries, the page padded to a multiple of 576 bytes) and builds compressed metadata (its compressed slot mapping
+kernel launched through Triton's interpreter too); the reference scores the compressed entries each token may see,
+stated from the batch alone: entry j of a request holds tokens j·4 … j·4 + 3 and exists once its last token does,
+so the token at position p sees entries 0 … (p + 1) // 4 - 1 (none while p < 3: an all -1 row).
 """
 
 import importlib
@@ -43,6 +50,8 @@ def no_deep_gemm_gpu(monkeypatch):
 
 
 def make_op(*, buffer_rows=64, **kwargs):
+    """vLLM's ``SparseAttnIndexer(...)`` (ours once registered) as DeepSeek-V3.2 / GLM-5 build it; DeepSeek-V4's
+    indexer passes ``compress_ratio=4`` and ``max_model_len // 4``."""
     from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
 
     k_cache = types.SimpleNamespace(prefix=PREFIX, kv_cache=torch.empty(0, dtype=torch.uint8))
@@ -189,13 +198,23 @@ def test_same_signature_as_vllms_function(vi):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(use_fp4_cache=True), "MXFP4"),
     (dict(candidate_blocks=torch.zeros(4, 2, dtype=torch.int32), candidate_block_size=64), "candidate blocks"),
-    (dict(compress_ratio=4), "compress"),
+    (dict(compress_ratio=0), "compress_ratio 0"),
+    (dict(compress_ratio=4, use_fp4_cache=True), "MXFP4"),  # DeepSeek-V4 with indexer_kv_dtype=mxfp4
     (dict(head_dim=64), "head dim"),
 ])
 def test_rejects_what_it_cannot_serve(vi, vc, monkeypatch, kwargs, match):
     monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
     with pytest.raises(ValueError, match=f"{match}.*TRITON_MLA_SPARSE_INDEXER=off"):
         make_op(**kwargs)
+
+
+def test_takes_deepseek_v4_compressed_fp8_cache(vi, vc, monkeypatch):
+    """DeepSeek-V4's indexer op (compress_ratio 4, FP8 cache written by its compressor) is the Triton indexer."""
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    assert vi.unsupported_reasons(k_cache=None, head_dim=128, use_fp4_cache=False, compress_ratio=4,
+                                  candidate_blocks=None, dcp_world_size=1, use_pcp=False) == []
+    op = make_op(compress_ratio=4, max_model_len=4096 // 4)
+    assert isinstance(op, vi.TritonSparseAttnIndexer) and op.triton and op.compress_ratio == 4
 
 
 # ---------------------------------------------------------------------------------------------------- forward
@@ -214,26 +233,61 @@ def make_cache(num_blocks: int, gap_bytes: int, g: torch.Generator):
     return kv_cache, buf[:, :page].contiguous()
 
 
-def build_metadata(vc, monkeypatch, query_lens, seq_lens, block_table, *, max_prefill_buffer=None):
-    """vLLM's DeepseekV32IndexerMetadataBuilder.build for one batch (decodes first, as vLLM orders them)."""
+def _interpreted(kernel_cls):
+    """A vLLM Triton kernel (a static method of ``kernel_cls``) recompiled for Triton's interpreter."""
     import triton
     import triton.language as tl
+
+    raw = kernel_cls.kernel
+    raw = getattr(raw, "fn", raw)  # a plain function where vLLM sees no Triton (its platform is not a GPU here)
+    return triton.jit(types.FunctionType(raw.__code__, {**raw.__globals__, "tl": tl, "triton": triton},
+                                         raw.__name__))
+
+
+def v4_indexer_spec(compress_ratio=4):
+    """The kv-cache spec of vLLM's ``DeepseekV4IndexerCache`` (its own ``get_kv_cache_spec``) for the FP8 indexer
+    cache (128 e4m3 + a float32 scale = 132 bytes per entry), with the block size its backend supports and the
+    cache dtype FlashMLA's V4 layers use."""
+    from vllm.models.deepseek_v4.attention import DeepseekV4IndexerCache
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV4IndexerBackend
+
+    (block_size,) = DeepseekV4IndexerBackend.get_supported_kernel_block_sizes()
+    layer = types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=block_size), head_dim=132,
+                                  dtype=torch.uint8, compress_ratio=compress_ratio)
+    config = types.SimpleNamespace(cache_config=types.SimpleNamespace(cache_dtype="fp8_ds_mla"))
+    return DeepseekV4IndexerCache.get_kv_cache_spec(layer, config)
+
+
+def build_metadata(vc, monkeypatch, query_lens, seq_lens, block_table, *, max_prefill_buffer=None, compress_ratio=1,
+                   slot_mapping=None):
+    """vLLM's DeepseekV32IndexerMetadataBuilder.build for one batch (decodes first, as vLLM orders them); with
+    ``compress_ratio`` > 1 for DeepSeek-V4's indexer cache (:func:`v4_indexer_spec`)."""
+    import vllm.v1.attention.backends.mla.compressor_utils as cu
     import vllm.v1.attention.backends.mla.indexer as idx
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
-    raw = idx.BuildPrefillChunkMetadataKernel.kernel
-    raw = getattr(raw, "fn", raw)  # a plain function where vLLM sees no Triton (its platform is not a GPU here)
-    kernel = triton.jit(types.FunctionType(raw.__code__, {**raw.__globals__, "tl": tl, "triton": triton},
-                                           raw.__name__))
+    kernel = _interpreted(idx.BuildPrefillChunkMetadataKernel)
 
     def launch(*args, num_reqs, COMPRESS_RATIO):
         kernel[(num_reqs,)](*args, BLOCK_SIZE=idx.BuildPrefillChunkMetadataKernel.BLOCK_SIZE,
                             COMPRESS_RATIO=COMPRESS_RATIO)
 
+    slots_kernel = _interpreted(cu.CompressedSlotMappingKernel)
+
+    def launch_slots(out, slots, qsl, seq_lens, table, block_size, compress_ratio, dcp_world_size, cp_interleave):
+        slots_kernel[(table.shape[0],)](out, slots, qsl, seq_lens, table, table.stride(0), block_size,
+                                        dcp_world_size, cp_interleave, COMPRESS_RATIO=compress_ratio, PAD_ID=-1,
+                                        TRITON_BLOCK_SIZE=cu.CompressedSlotMappingKernel.TRITON_BLOCK_SIZE)
+
     monkeypatch.setattr(idx, "_BUILD_PREFILL_CHUNK_METADATA_KERNEL", launch)
+    monkeypatch.setattr(cu, "_COMPRESSED_SLOT_MAPPING_KERNEL", launch_slots)
     monkeypatch.setattr(idx, "num_compute_units", lambda index: 8)
-    spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=132, dtype=torch.uint8)
+    if compress_ratio == 1:
+        spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=132, dtype=torch.uint8)
+    else:
+        spec = v4_indexer_spec(compress_ratio)
+        assert spec.tokens_per_state == compress_ratio and spec.num_states == BLOCK
     builder = idx.DeepseekV32IndexerMetadataBuilder(spec, [PREFIX], vc, torch.device("cpu"),
                                                     block_table_width=block_table.shape[1])
     if max_prefill_buffer is not None:
@@ -241,22 +295,26 @@ def build_metadata(vc, monkeypatch, query_lens, seq_lens, block_table, *, max_pr
     qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
     sl = torch.tensor(seq_lens, dtype=torch.int32)
     T = int(qsl[-1])
+    if slot_mapping is None:
+        slot_mapping = torch.zeros(T, dtype=torch.int64)
     common = CommonAttentionMetadata(
         query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=sl, num_reqs=len(query_lens),
         num_actual_tokens=T, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-        block_table_tensor=block_table, slot_mapping=torch.zeros(T, dtype=torch.int64),
-        seq_lens_cpu_upper_bound=sl.clone())
+        block_table_tensor=block_table, slot_mapping=slot_mapping, seq_lens_cpu_upper_bound=sl.clone())
     return builder.build(0, common)
 
 
-def make_batch(query_lens, seq_lens, *, seed=0, num_blocks=20, gap_bytes=1000, width=4):
+def make_batch(query_lens, seq_lens, *, seed=0, num_blocks=20, gap_bytes=1000, width=4, compress_ratio=1):
+    """A batch and its cache; with ``compress_ratio`` C > 1 each block-table entry is a block of ``BLOCK·C`` tokens,
+    whose page holds the ``BLOCK`` compressed entries of those tokens (entry j at row j % BLOCK of the page of
+    column j // BLOCK)."""
     g = torch.Generator().manual_seed(seed)
     kv_cache, dense = make_cache(num_blocks, gap_bytes, g)
     perm = torch.randperm(num_blocks, generator=g)
     block_table = torch.full((len(query_lens), width), -7, dtype=torch.int32)  # unused columns: garbage
     used = 0
     for r, L in enumerate(seq_lens):
-        n = -(-L // BLOCK)
+        n = -(-L // (BLOCK * compress_ratio))
         block_table[r, :n] = perm[used:used + n].to(torch.int32)
         used += n
     T = sum(query_lens)
@@ -265,13 +323,17 @@ def make_batch(query_lens, seq_lens, *, seed=0, num_blocks=20, gap_bytes=1000, w
     # Each token's request and causal position, from the batch itself (not from vLLM's metadata).
     req = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens)).to(torch.int32)
     pos = torch.cat([torch.arange(L - n, L) for n, L in zip(query_lens, seq_lens)]).to(torch.int32)
+    # The last cache entry each token may see: its own position, or with compression the last entry all of whose
+    # C tokens are at or before it — entry j ends with token j·C + C - 1 <= p, i.e. j <= (p + 1) // C - 1 (-1: none).
+    kpos = torch.div(pos + 1, compress_ratio, rounding_mode="floor") - 1
     return dict(kv_cache=kv_cache, dense=dense, block_table=block_table, q=q, weights=weights, req=req, pos=pos,
-                query_lens=query_lens, seq_lens=seq_lens, T=T)
+                kpos=kpos.to(torch.int32), query_lens=query_lens, seq_lens=seq_lens, T=T, C=compress_ratio)
 
 
 def assert_matches_reference(batch, got):
-    """Row t of ``got`` holds the reference's top-k set (ties at the threshold: either side), then -1."""
-    args = (batch["q"], batch["weights"], batch["dense"], batch["block_table"], batch["req"], batch["pos"])
+    """Row t of ``got`` holds the reference's top-k set over the cache entries it may see (ties at the threshold:
+    either side), then -1; a row that sees none is all -1."""
+    args = (batch["q"], batch["weights"], batch["dense"], batch["block_table"], batch["req"], batch["kpos"])
     ref = reference.indexer_topk(*args, TOPK, compute_dtype=torch.float64)
     logits = reference.indexer_logits(*args, batch["block_table"].shape[1] * BLOCK, compute_dtype=torch.float64)
     for t in range(batch["T"]):
@@ -280,7 +342,9 @@ def assert_matches_reference(batch, got):
         assert ((mine == -1) | (mine >= 0)).all()
         m, w = set(mine[mine >= 0].tolist()), set(want[want >= 0].tolist())
         assert len(m) == int((mine >= 0).sum()), f"row {t}: duplicates"
-        assert all(p <= int(batch["pos"][t]) for p in m), f"row {t}: a position after the token"
+        assert all(p <= int(batch["kpos"][t]) for p in m), f"row {t}: a position after the token"
+        if batch["kpos"][t] < 0:
+            assert (mine == -1).all(), f"row {t} sees no entry: {mine.tolist()}"
         if m != w:  # only near-ties at the k-th value may differ
             kth = min(logits[t, p].item() for p in w)
             for p in m ^ w:
@@ -434,3 +498,140 @@ def test_batch_invariant_indexer_cache_declares_it(vi, vc, monkeypatch):
         assert issubclass(backend, DeepseekV32IndexerBackend) and backend.get_name() == "DEEPSEEK_V32_INDEXER"
         assert backend.get_builder_cls() is DeepseekV32IndexerBackend.get_builder_cls()
     assert DeepseekV32IndexerBackend.supports_batch_invariance() is False  # vLLM's class is left alone
+
+
+# ------------------------------------------------------------------------- DeepSeek-V4: compressed indexer cache
+
+C4 = 4  # DeepSeek-V4's indexer compress ratio (C4A layers)
+
+V4_CASES = {
+    # (query_lens, seq_lens) in tokens; compressed entries per request: seq_len // 4
+    # decodes with 75, 0 (a token with no complete entry) and 1 entries; a chunked prefill whose rows cross entry
+    # boundaries (positions 125 … 129: 31 or 32 entries); a fresh prefill whose first 3 tokens see nothing
+    "mixed": ([1, 1, 1, 5, 40], [300, 3, 7, 130, 40]),
+    "decode_only": ([1, 1, 1, 1], [203, 9, 64, 2]),
+    "prefill_only": ([7, 12], [71, 12]),
+    # no token sees an entry: the decode's width is 0, the prefill has no chunk (all rows stay -1)
+    "no_entries": ([1, 3], [2, 3]),
+}
+
+
+def v4_batch(query_lens, seq_lens, *, seed, width=4):
+    """A batch on a DeepSeek-V4 indexer cache: pages of 64 compressed entries, blocks as far apart as vLLM's padded
+    page (8640 bytes) plus 4096 bytes standing for the layer group's other pages (the padding and those poisoned)."""
+    spec = v4_indexer_spec(C4)
+    gap = spec.page_size_bytes - BLOCK * 132 + 4096
+    return make_batch(query_lens, seq_lens, seed=seed, gap_bytes=gap, width=width, compress_ratio=C4)
+
+
+def v4_op(**kwargs):
+    return make_op(compress_ratio=C4, max_model_len=4096 // C4, **kwargs)
+
+
+def run_op(op, md, batch, vc, q=None, weights=None):
+    from vllm.forward_context import set_forward_context
+
+    op.k_cache.kv_cache = batch["kv_cache"]
+    with set_forward_context({PREFIX: md}, vc):
+        return op(torch.zeros(batch["T"], 16), batch["q"] if q is None else q, None,
+                  batch["weights"] if weights is None else weights)
+
+
+@pytest.mark.parametrize("case", list(V4_CASES))
+def test_v4_op_forward_matches_reference(vi, vc, monkeypatch, case):
+    """DeepSeek-V4's call (``indexer_op(hidden, q, None, weights)``: the cache written by the compressor) on
+    vLLM's compressed metadata: each row's top-k over the entries its token may see; rows that see none all -1."""
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    batch = v4_batch(*V4_CASES[case], seed=len(case))
+    md = build_metadata(vc, monkeypatch, batch["query_lens"], batch["seq_lens"], batch["block_table"],
+                        compress_ratio=C4)
+    op = v4_op()
+    op.topk_indices_buffer.fill_(12345)
+    out = run_op(op, md, batch, vc)
+    assert_matches_reference(batch, out)
+    assert (out[batch["T"]:] == 12345).all()
+    assert (batch["kpos"] < 0).any()  # every case has tokens that see no entry
+
+
+def test_v4_metadata_is_in_compressed_units(vi, vc, monkeypatch):
+    """What the op relies on from vLLM's builder for a compressed cache, against the batch: the compressed slot
+    mapping (where the compressor writes entry j: page block_table[j // 64], row j % 64), each prefill row's range
+    and each decode row's context length ((p + 1) // 4 entries), and prefill chunks sized in entries."""
+    query_lens, seq_lens = V4_CASES["mixed"]
+    batch = v4_batch(query_lens, seq_lens, seed=1)
+    T = batch["T"]
+    md = build_metadata(vc, monkeypatch, query_lens, seq_lens, batch["block_table"], compress_ratio=C4,
+                        slot_mapping=torch.arange(T, dtype=torch.int64))
+    table, pos, req = batch["block_table"].long(), batch["pos"].long(), batch["req"].long()
+    j = (pos + 1) // C4 - 1
+    want_slots = torch.where((pos + 1) % C4 == 0, table[req, j.clamp(min=0) // BLOCK] * BLOCK + j % BLOCK, -1)
+    assert md.slot_mapping[:T].tolist() == want_slots.tolist()
+    n_dec = md.num_decode_tokens
+    assert (md.num_decodes, n_dec) == (3, 3)
+    assert md.decode.seq_lens.reshape(-1).tolist() == (batch["kpos"][:n_dec] + 1).tolist()
+    (chunk,) = md.prefill.chunks
+    rows = slice(chunk.token_start, chunk.token_end)
+    assert (rows.start, rows.stop) == (n_dec, T)
+    assert (chunk.cu_seqlen_ke - chunk.cu_seqlen_ks).tolist() == (batch["kpos"][rows] + 1).tolist()
+    assert chunk.cu_seq_lens.tolist() == [0, 130 // C4, 130 // C4 + 40 // C4]
+    assert chunk.max_seqlen_k == 130 // C4
+
+
+@pytest.mark.parametrize("chunking", ["per_request", "per_row"])
+def test_v4_chunked_prefill(vi, vc, monkeypatch, chunking):
+    """Prefill chunks in compressed units (workspace budget 71 entries: one request per chunk, the last two
+    together — the last one with no entry, its rows' request id past the chunk's table; logits budget 0: one row
+    per chunk, and the request with no entry gets no chunk at all), the buffer cleared by the op."""
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    if chunking == "per_row":
+        monkeypatch.setenv("VLLM_SPARSE_INDEXER_MAX_LOGITS_MB", "0")
+    batch = v4_batch([1, 6, 9, 2], [130, 280, 9, 2], seed=5, width=2)
+    md = build_metadata(vc, monkeypatch, batch["query_lens"], batch["seq_lens"], batch["block_table"],
+                        max_prefill_buffer=71, compress_ratio=C4)
+    assert len(md.prefill.chunks) == (2 if chunking == "per_request" else 15)
+    op = v4_op()
+    op.topk_indices_buffer.fill_(999)
+    assert_matches_reference(batch, run_op(op, md, batch, vc))
+
+
+def test_v4_decode_width_eager_and_under_capture(vi, vc, monkeypatch):
+    """The decode launch's width: eager, the batch's longest context in entries (max_seq_len // 4); under CUDA-graph
+    capture, the op's max_model_len (DeepSeek-V4 passes max_model_len // 4), at most the block table's capacity."""
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    widths = []
+    real = vi.indexer_topk
+
+    def spy(*args, **kwargs):
+        widths.append(kwargs["max_len"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vi, "indexer_topk", spy)
+    batch = v4_batch(*V4_CASES["decode_only"], seed=2)
+    md = build_metadata(vc, monkeypatch, batch["query_lens"], batch["seq_lens"], batch["block_table"],
+                        compress_ratio=C4)
+    op = make_op(compress_ratio=C4, max_model_len=720 // C4)
+    assert_matches_reference(batch, run_op(op, md, batch, vc))
+    monkeypatch.setattr(vi, "_capturing", lambda device: True)
+    assert_matches_reference(batch, run_op(op, md, batch, vc))
+    op.max_model_len = 8192 // C4
+    assert_matches_reference(batch, run_op(op, md, batch, vc))
+    assert widths == [203 // C4, 720 // C4, 4 * BLOCK]
+
+
+def test_v4_speculative_decode_rows(vi, vc, monkeypatch):
+    """Native spec-decode metadata on the compressed cache (2 query tokens per request; per-token context lengths
+    (L - 2 + j + 1) // 4, as the builder divides them): a row's second token may see one entry more."""
+    from vllm.v1.attention.backends.mla.indexer import DeepSeekV32IndexerDecodeMetadata, DeepseekV32IndexerMetadata
+
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    batch = v4_batch([2, 2, 2], [92, 20, 4], seed=7)
+    sl = torch.tensor(batch["seq_lens"], dtype=torch.int32)
+    decode = DeepSeekV32IndexerDecodeMetadata(
+        block_table=batch["block_table"], seq_lens=torch.stack([sl - 1, sl], dim=1) // C4,
+        decode_lens=torch.tensor([2, 2, 2], dtype=torch.int32), requires_padding=False,
+        schedule_metadata=torch.zeros(1, 2, dtype=torch.int32))
+    md = DeepseekV32IndexerMetadata(seq_lens=sl, max_seq_len=92, slot_mapping=torch.zeros(6, dtype=torch.int64),
+                                    num_decodes=3, num_decode_tokens=6, num_prefills=0, num_prefill_tokens=0,
+                                    decode=decode, block_table=batch["block_table"])
+    assert decode.seq_lens.reshape(-1).tolist() == (batch["kpos"] + 1).tolist()
+    assert_matches_reference(batch, run_op(v4_op(), md, batch, vc))

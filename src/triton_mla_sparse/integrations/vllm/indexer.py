@@ -44,7 +44,20 @@ length - 1, any order, -1 padded) into ``topk_indices_buffer[row, :topk_tokens]`
 every decode row, with vLLM's metadata (``DeepseekV32IndexerMetadata``), its dense-MHA early return, its buffer
 clearing and its decode packing for ragged speculative batches. Not supported, rejected at construction with one
 ``ValueError``: the MXFP4 indexer cache, the SM10x MX-scaled (UE8M0) fp8 cache, the shuffled cache layout, decode /
-prefill context parallelism, compressed indexers (DeepSeek-V4) and two-level candidate blocks (DeepSeek-V4.1).
+prefill context parallelism and two-level candidate blocks (DeepSeek-V4.1).
+
+Compressed indexer caches (``compress_ratio`` C > 1: DeepSeek-V4's C4A layers, ``DeepseekV4Indexer``, C = 4) are
+served with the FP8 cache, whose pages have V3.2's layout (per page of ``block_size / C`` compressed entries: their
+128 e4m3 bytes each, then one float32 scale each; vLLM pads the page and packs it beside the layer group's other
+pages, so blocks lie further apart than a page — any block stride is read). The cache is written by V4's compressor
+(``skip_k_cache_insert=True``): compressed entry j of a request holds tokens ``j·C … j·C + C - 1`` and is written by
+the last of them, at row ``j % (block_size / C)`` of page ``block_table[j // (block_size / C)]``. Everything else
+comes in compressed units from vLLM's builder (``DeepseekV32IndexerMetadataBuilder`` with
+``compress_ratio = tokens_per_state``): each prefill row's range ``[cu_seqlen_ks, cu_seqlen_ke)`` and each decode
+row's context length hold ``(p + 1) // C`` entries for the token at position p — the entries complete at p — and the
+CUDA-graph width is the op's ``max_model_len`` (V4 passes ``max_model_len // C``). The positions written are
+request-local compressed positions ``0 … (p + 1) // C - 1``; a token with no complete entry yet (p < C - 1) gets an
+all -1 row, as vLLM's DeepGEMM path writes.
 
 (No ``from __future__ import annotations`` here: torch infers the custom op's schema from the annotations.)
 """
@@ -196,8 +209,8 @@ def unsupported_reasons(*, k_cache: Any, head_dim: int, use_fp4_cache: bool, com
         reasons.append("SM10x's MX-scaled fp8 indexer cache (UE8M0 scales instead of float32)")
     if getattr(k_cache, "uses_shuffled_layout", False):
         reasons.append("the shuffled indexer cache layout")
-    if compress_ratio != 1:
-        reasons.append(f"compressed indexer caches (compress_ratio {compress_ratio}, DeepSeek-V4)")
+    if not isinstance(compress_ratio, int) or compress_ratio < 1:
+        reasons.append(f"compress_ratio {compress_ratio!r} (a positive int: 1, or DeepSeek-V4's 4)")
     if candidate_blocks is not None:
         reasons.append("two-level candidate blocks (DeepSeek-V4.1)")
     if dcp_world_size > 1:
@@ -276,7 +289,7 @@ class TritonSparseAttnIndexer(SparseAttnIndexer):
             self.use_fp4_cache, self.dcp_rank, self.dcp_world_size,
             self._parallel_config.cp_kv_cache_interleave_size, False, candidate_blocks=self.candidate_blocks,
             candidate_block_size=self.candidate_block_size, candidate_write=self.candidate_write,
-            topk_backend=self.topk_backend)
+            topk_backend=self.topk_backend, compress_ratio=self.compress_ratio)
 
     forward_native = _platform_forward("forward_native")
     forward_hip = _platform_forward("forward_hip")
@@ -359,7 +372,10 @@ def _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens):
             out.fill_(-1)
             continue
         # Row i scores K rows [ks[i], ke[i]) of the chunk's gathered K: request-local positions 0 … ke-ks-1 of the
-        # request whose gathered range starts at ks[i] (right=True skips empty requests sharing that start).
+        # request whose gathered range starts at ks[i] (right=True skips empty requests sharing that start). With a
+        # compressed cache these are entries, (p + 1) // C of them for the token at p; a token with none yet
+        # (ke == ks) gets position -1, which indexer_topk answers with an all -1 row (its request id may then be
+        # num_reqs, past the table: never read).
         cu = chunk.local_cu_seq_lens if chunk.local_cu_seq_lens is not None else chunk.cu_seq_lens
         req = (torch.searchsorted(cu, ks, right=True) - 1).to(torch.int32)
         positions = (ke - ks - 1).to(torch.int32)
@@ -369,7 +385,7 @@ def _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens):
         row_shard.exchange_topk(topk_indices_buffer, topk_tokens)
 
 
-def _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_model_len):
+def _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_model_len, compress_ratio):
     from vllm.v1.attention.ops.common import pack_seq_triton, unpack_seq_triton
 
     decode = md.decode
@@ -385,7 +401,9 @@ def _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_mod
         padded_q = q_quant[:num_decode_tokens].reshape(decode_lens.shape[0], -1, *q_quant.shape[1:])
     batch_size, next_n = padded_q.shape[:2]
     rows = batch_size * next_n
-    seq_lens = decode.seq_lens[:batch_size]  # (B, next_n): each row's context length
+    # (B, next_n): each row's context length, in cache entries (compressed: (p + 1) // C for the token at p; 0 for a
+    # token with no complete entry yet, and for padding rows, whose positions -1 then give all -1 rows)
+    seq_lens = decode.seq_lens[:batch_size]
     if seq_lens.numel() != rows:
         raise RuntimeError(f"triton-mla-sparse indexer: decode seq_lens {tuple(seq_lens.shape)} do not give one "
                            f"context length per row of the packed [{batch_size}, {next_n}] decode queries")
@@ -396,9 +414,10 @@ def _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_mod
     if w.shape[0] < rows:
         w = torch.nn.functional.pad(w, (0, 0, 0, rows - w.shape[0]))
     block_table = decode.block_table
-    # Eager: the longest context of the batch. Under CUDA-graph capture the launch must serve every replay, so the
-    # width is the model's maximum (what vLLM's DeepGEMM call uses).
-    max_len = max_model_len if _capturing(q_quant.device) else md.max_seq_len
+    # Eager: the longest context of the batch (md.max_seq_len counts tokens; a row sees at most max_seq_len // C
+    # entries). Under CUDA-graph capture the launch must serve every replay, so the width is the model's maximum
+    # (what vLLM's DeepGEMM call uses; the compressed indexer of DeepSeek-V4 passes max_model_len // C).
+    max_len = max_model_len if _capturing(q_quant.device) else md.max_seq_len // compress_ratio
     max_len = min(max_len, block_table.shape[1] * kv4.shape[1])
     out = topk_indices_buffer[:rows, :topk_tokens]
     _indexer_topk_into(out, padded_q.reshape(rows, *q_quant.shape[1:]), w, kv4, block_table, req, positions,
@@ -438,7 +457,50 @@ def sparse_attn_indexer(
     topk_backend: str = "auto",
 ) -> torch.Tensor:
     """vLLM's ``sparse_attn_indexer`` (same signature and effects) with the logits and top-k of
-    :func:`triton_mla_sparse.indexer_topk` instead of DeepGEMM's kernels. Returns ``topk_indices_buffer``."""
+    :func:`triton_mla_sparse.indexer_topk` instead of DeepGEMM's kernels, for an uncompressed indexer cache
+    (the function DeepSeek-V3.2 / GLM-5 call directly). Returns ``topk_indices_buffer``."""
+    return _sparse_attn_indexer_op(
+        hidden_states, k_cache_prefix, kv_cache, q_quant, q_scale, k, weights, quant_block_size, scale_fmt,
+        topk_tokens, head_dim, max_model_len, total_seq_lens, topk_indices_buffer, skip_k_cache_insert, use_pcp,
+        pcp_shard_decode_requests, dense_mha_metadata_layer_name, use_fp4_cache, dcp_rank, dcp_world_size,
+        cp_kv_cache_interleave_size, skip_topk_buffer_clear, candidate_blocks, candidate_block_size,
+        candidate_write, topk_backend, compress_ratio=1)
+
+
+def _sparse_attn_indexer_op(
+    hidden_states: torch.Tensor,
+    k_cache_prefix: LayerNameType,
+    kv_cache: torch.Tensor,
+    q_quant: torch.Tensor,
+    q_scale: torch.Tensor | None,
+    k: torch.Tensor | None,
+    weights: torch.Tensor,
+    quant_block_size: int,
+    scale_fmt: str | None,
+    topk_tokens: int,
+    head_dim: int,
+    max_model_len: int,
+    total_seq_lens: int,
+    topk_indices_buffer: torch.Tensor,
+    skip_k_cache_insert: bool,
+    use_pcp: bool,
+    pcp_shard_decode_requests: bool,
+    dense_mha_metadata_layer_name: LayerNameType,
+    use_fp4_cache: bool = False,
+    dcp_rank: int = 0,
+    dcp_world_size: int = 1,
+    cp_kv_cache_interleave_size: int = 1,
+    skip_topk_buffer_clear: bool = False,
+    candidate_blocks: torch.Tensor | None = None,
+    candidate_block_size: int = 0,
+    candidate_write: bool = False,
+    topk_backend: str = "auto",
+    compress_ratio: int = 1,
+) -> torch.Tensor:
+    """The op behind :meth:`TritonSparseAttnIndexer.forward_cuda`: :func:`sparse_attn_indexer` plus the layer's
+    ``compress_ratio`` (tokens per cache entry: 1, or 4 on DeepSeek-V4's C4A layers), for which vLLM's function has
+    no argument. vLLM's metadata already counts entries; the ratio only narrows the eager decode width to
+    ``md.max_seq_len // compress_ratio`` (``md.max_seq_len`` counts tokens)."""
     forward_context = get_forward_context()
     attn_metadata = forward_context.attn_metadata
     if not isinstance(attn_metadata, dict):
@@ -484,12 +546,12 @@ def sparse_attn_indexer(
     if md.num_prefills > 0:
         _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens)
     if md.num_decodes > 0:
-        _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_model_len)
+        _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_model_len, compress_ratio)
     return topk_indices_buffer
 
 
 def _sparse_attn_indexer_fake(*args, **kwargs) -> torch.Tensor:
-    return inspect.signature(sparse_attn_indexer).bind(*args, **kwargs).arguments["topk_indices_buffer"]
+    return inspect.signature(_sparse_attn_indexer_op).bind(*args, **kwargs).arguments["topk_indices_buffer"]
 
 
 def _no_deep_gemm_schedule(context_lens, block_size, num_sms, indices=None) -> torch.Tensor:
@@ -506,7 +568,7 @@ def _register_torch_op() -> None:
     global _library
     if _library is None:
         _library = torch.library.Library("triton_mla_sparse", "FRAGMENT")
-        direct_register_custom_op("sparse_attn_indexer", sparse_attn_indexer,
+        direct_register_custom_op("sparse_attn_indexer", _sparse_attn_indexer_op,
                                   mutates_args=["topk_indices_buffer", "candidate_blocks"],
                                   fake_impl=_sparse_attn_indexer_fake, target_lib=_library)
 

@@ -83,8 +83,10 @@ COMPONENTS: tuple[Component, ...] = (
         "vllm.utils.deep_gemm.fp8_fp4_paged_mqa_logits",
         (9, 0), (V4, V41),
         "Called by vllm.model_executor.layers.sparse_attn_indexer.sparse_attn_indexer (SparseAttnIndexer); "
-        "DeepGEMM runs on arch 9/10/12 only. The plugin's Triton indexer does not take compressed (V4) or "
-        "two-level candidate (V4.1) indexer caches yet (it rejects them at construction)."),
+        "DeepGEMM runs on arch 9/10/12 only. The plugin's Triton indexer (integrations.vllm.indexer) takes V4's "
+        "compressed FP8 indexer cache (compress_ratio 4, the C4A layers' DeepseekV4Indexer); it rejects the MXFP4 "
+        "indexer cache and V4.1's two-level candidate blocks at construction. The row's minimum is left as it "
+        "is while other rows still stop V4 below SM 9.0."),
     Component(
         "o_proj fp8 einsum (DeepGEMM fp8_einsum)",
         "vllm.utils.deep_gemm.fp8_einsum",
