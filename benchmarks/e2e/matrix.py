@@ -41,8 +41,9 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
     (DeepGEMM on SM90; eager runs also shadow it with ours) and ours with ours forced; on dsv32-h16 with CUDA
     graphs also the n-gram speculator (ours, the peer, and ours without it on the same repetitive prompts) and the
     software e4m3 path of SM80/86 forced (``TRITON_MLA_SPARSE_SOFT_FP8=always``). A DeepSeek-V4 variant runs
-    per mode our layer against vLLM's FlashMLA layer (fp8_ds_mla pages, vLLM's indexer: V4 has one kind); the
-    FlashMLA engines also recompute each eager attention call with our layer's forward (``shadow_attention``)."""
+    per mode our layer against vLLM's FlashMLA layer (fp8_ds_mla pages), with vLLM's indexer and with ours forced
+    (its compressed C4A cache); the FlashMLA engines also recompute each eager attention call with our layer's
+    forward (``shadow_attention``)."""
     specs: list[dict] = []
     pairs: list[dict] = []
 
@@ -60,7 +61,12 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
                                    model_root=model_root, shadow_attention=True))
             specs.append(base_spec(f"{tag}-ours", variant=variant, backend=OURS_V4, kv="fp8_ds_mla", mode=mode,
                                    model_root=model_root, count_calls=True))
+            specs.append(base_spec(f"{tag}-ours-ti", variant=variant, backend=OURS_V4, kv="fp8_ds_mla", mode=mode,
+                                   model_root=model_root, count_calls=True,
+                                   env={"TRITON_MLA_SPARSE_INDEXER": "always"}))
             pair("vs_peer", f"{tag}-ours", f"{tag}-peer", variant=variant, mode=mode, kv="fp8_ds_mla")
+            pair("vs_peer", f"{tag}-ours-ti", f"{tag}-peer", variant=variant, mode=mode, kv="fp8_ds_mla",
+                 indexer="ours")
         if {"eager", "graphs"} <= set(modes):
             for who in ("peer", "ours"):
                 pair(f"{who}_eager_vs_graphs", f"{variant}-eager-fp8_ds_mla-{who}",

@@ -18,7 +18,8 @@ V4_LAYER = {OURS_V4: "DeepseekV4TritonMLAAttention", PEER_V4: "DeepseekV4FlashML
 
 def v4_checks(run: dict[str, Any]) -> list[str]:
     """What a DeepSeek-V4 run must show to count (empty: all of it): every attention layer of its backend's class;
-    ours: calls through our layer; FlashMLA's with the attention shadow: shadowed calls, no error, no non-finite."""
+    ours: calls through our layer (and, with our indexer forced, every indexer ours); FlashMLA's with the attention
+    shadow: shadowed calls, no error, no non-finite."""
     spec = run.get("spec", {})
     backend = spec.get("backend")
     problems = []
@@ -27,6 +28,10 @@ def v4_checks(run: dict[str, Any]) -> list[str]:
         problems.append(f"attention layers {layers} are not all {V4_LAYER.get(backend)}")
     if backend == OURS_V4 and spec.get("count_calls") and not (run.get("calls") or {}).get("calls"):
         problems.append("no call went through our layer")
+    indexers = run.get("indexers") or {}
+    if spec.get("env", {}).get("TRITON_MLA_SPARSE_INDEXER") == "always" and \
+            not (indexers.get("triton") and not indexers.get("vllm")):
+        problems.append(f"indexers {indexers}: ours forced, yet not every indexer is ours")
     if spec.get("shadow_attention"):
         sh = run.get("attention_shadow") or {}
         if not sh.get("calls"):
@@ -263,7 +268,7 @@ def readme_v4_table(doc: dict[str, Any]) -> str:
              "shadow (eager), prefill: window / C4A / C128A | shadow (eager), decode |", "|---|---|---|---|---|---|---|"]
     for v in _V4_LABEL:
         for mode in ("eager", "graphs"):
-            r = _pair(doc, "vs_peer", v, "fp8_ds_mla", mode)
+            r = _pair(doc, "vs_peer", v, "fp8_ds_mla", mode, "vllm")
             if r is None:
                 continue
             lines.append(f"| {_V4_LABEL[v]} | {mode} | {_cell(r)} | "

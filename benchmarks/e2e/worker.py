@@ -76,7 +76,10 @@ def _engine(spec: dict[str, Any]):
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0
     info = llm.apply_model(functools.partial(reinit, seed=spec["weights_seed"], std=spec["weights_std"]))[0]
-    return llm, {"start_s": start_s, "weights": info, "layers": llm.apply_model(attention_layers)[0]}
+    from .weights import probe_model
+
+    return llm, {"start_s": start_s, "weights": info, "layers": llm.apply_model(attention_layers)[0],
+                 "indexers": llm.apply_model(probe_model)[0]["indexers"]}
 
 
 def attention_layers(model) -> dict[str, int]:

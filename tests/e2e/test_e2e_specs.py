@@ -21,7 +21,8 @@ def test_matrix_covers_the_issue():
     assert {(p["variant"], p["mode"], p["kv_cache_dtype"], p["indexer"]) for p in vs_peer} == {
         (v, m, kv, ix) for v in ("dsv32-h128", "dsv32-h16", "glm5-h8") for m in ("eager", "graphs")
         for kv in PEERS for ix in ("vllm", "ours")} | {
-        (v, m, "fp8_ds_mla", "vllm") for v in ("dsv4-h8", "dsv4-h64") for m in ("eager", "graphs")}
+        (v, m, "fp8_ds_mla", ix) for v in ("dsv4-h8", "dsv4-h64") for m in ("eager", "graphs")
+        for ix in ("vllm", "ours")}
     by_name = {s["name"]: s for s in specs}
     for p in vs_peer:
         if p["variant"].startswith("dsv4"):
@@ -30,8 +31,9 @@ def test_matrix_covers_the_issue():
             assert o.get("count_calls") and not o.get("shadow_attention")
             assert backend_env(o) == {"TRITON_MLA_SPARSE_DSV4": "triton"}
             assert backend_env(q) == {"TRITON_MLA_SPARSE_DSV4": "off"}
+            assert (o["env"].get("TRITON_MLA_SPARSE_INDEXER") == "always") == (p["indexer"] == "ours")
             same = ("variant", "mode", "kv_cache_dtype", "prompts", "max_tokens", "weights_seed", "max_model_len",
-                    "max_num_batched_tokens", "capture_sizes", "env")
+                    "max_num_batched_tokens", "capture_sizes")
             assert all(o[k] == q[k] for k in same) and o["prompts"] == [17, 300, 2500, 5000, 16000]
             continue
         o, q = by_name[p["ours"]], by_name[p["peer"]]
@@ -200,6 +202,10 @@ def test_v4_pairs_count_only_with_the_expected_layers_and_a_clean_shadow():
         "non-finite": _v4_run(PEER_V4, attention_shadow={"calls": 3, "error_count": 0, "by": {
             "c4a-decode": {"calls": 3, "rows": 3, "max_rel": 0.0, "max_abs": 0.0, "nonfinite": 2}}}),
     }
+    forced = _v4_run(OURS_V4, indexers={"triton": 1, "vllm": 0})
+    forced["spec"] = {**forced["spec"], "env": {"TRITON_MLA_SPARSE_INDEXER": "always"}}
+    assert v4_checks(forced) == []
+    assert v4_checks({**forced, "indexers": {"triton": 0, "vllm": 1}}), "our indexer forced but vLLM's ran"
     for what, run in bad.items():
         assert v4_checks(run), what
     prompts = [{"length": 17, "tokens": [1, 2], "first_logprobs": {"1": -0.5}, "top2_margins": [0.1, 0.1]}]
