@@ -1,12 +1,15 @@
 """The software-e4m3 router (:mod:`triton_mla_sparse.integrations.vllm.fp8_compat`) against vLLM 0.33's real DSA
-kernels (``vllm.models.deepseek_v32.common.kernels``).
+kernels (``vllm.models.deepseek_v32.common.kernels``) and DeepSeek-V4's (``vllm.models.deepseek_v4.common.ops``).
 
 The compile cases AOT-build ``_fused_norm_rope_kernel`` and ``_fused_q_kernel`` for sm80 and sm86 with
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cap, 32))`` in every constexpr combination a bf16
 DeepSeek-V3.2 / GLM-5 layer reaches on such a GPU (MLA cache none/bfloat16/fp8_ds_mla/fp8, with and without the
-indexer, both index-RoPE styles; fused_q with a bf16 query, the only kind our backend takes). They run in a
-subprocess (this file run as a script) without Triton's interpreter, with ``CUDA_VISIBLE_DEVICES=""`` so that vLLM
-keeps real Triton on a GPU-less host, and with a fresh Triton cache directory.
+indexer, both index-RoPE styles; fused_q with a bf16 query, the only kind our backend takes), and every DeepSeek-V4
+kernel that casts to e4m3 (:data:`V4_CASES`: SWA-cache insert and gather, the head-512 compressor stores, the
+head-128 indexer compressor, indexer q quant, inverse-RoPE fp8 quant) with the constexprs vLLM's launchers pass for
+V4 (head 512 = 448 NoPE + 64 RoPE, 584-byte fp8_ds_mla tokens, quant blocks 64/128). They run in a subprocess (this
+file run as a script) without Triton's interpreter, with ``CUDA_VISIBLE_DEVICES=""`` so that vLLM keeps real Triton
+on a GPU-less host, and with a fresh Triton cache directory. Compile-tested only: none of it runs a kernel.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ MODELS = {  # q_lora_rank, index heads, attention heads per GPU at TP 8
     "glm5": dict(q_dim=2048, index_heads=32, heads=8),
 }
 CACHES = ("none", "bfloat16", "fp8_ds_mla", "fp8", "fp8-scaled")
-E4M3_CVT = re.compile(r"cvt\.[a-z.]*e4m3")
+# e4m3 encodes (cvt.rn.satfinite.e4m3x2.f32) and decodes (cvt.rn.f16x2.e4m3x2)
+E4M3_CVT = re.compile(r"cvt\.[a-z0-9.]*e4m3")
 
 
 def _next_pow2(n: int) -> int:
@@ -116,6 +120,128 @@ def all_cases() -> list[tuple[str, str, tuple]]:
     return out
 
 
+# DeepSeek-V4 (vllm.models.deepseek_v4.common.ops): head dim 512 = 448 fp8 NoPE + 64 bf16 RoPE; the fp8_ds_mla token
+# is 576 data bytes + 8 UE8M0 scale bytes (584), a cache block pads block_size * 584 bytes up to a multiple of 576.
+V4_OPS = "vllm.models.deepseek_v4.common.ops."
+
+
+def _v4_block_stride(tokens: int, token_bytes: int, scale_bytes: int, align: int = 576) -> int:
+    return -(-tokens * (token_bytes + scale_bytes) // align) * align
+
+
+def v4_swa_insert_case(block_size: int) -> tuple[dict, dict]:
+    """``quantize_and_insert_k_cache`` (cache_utils): the SWA K-cache insert, UE8M0 quant block 64."""
+    sig = {"k_ptr": "*bf16", "slot_mapping_ptr": "*i64", "k_cache_ptr": "*u8", "num_tokens": "i32"}
+    const = dict(input_dim=512, fp8_dim=448, bf16_dim=64, scale_dim=8, quant_block=64, cache_block_size=block_size,
+                 token_data_size=576, block_stride=_v4_block_stride(block_size, 576, 8), fp8_max=448.0,
+                 n_quant_blocks=8, use_fnuz=False)
+    return sig, const
+
+
+def v4_gather_case(block_size: int, has_gather_lens: bool) -> tuple[dict, dict]:
+    """``DequantizeAndGatherKCacheKernel`` (cache_utils): bitcast of the cache bytes to fp8e4nv, then a decode."""
+    sig = {"out_ptr": "*bf16", "out_stride0": "i32", "out_stride1": "i32", "k_cache_ptr": "*u8",
+           "seq_lens_ptr": "*i32", "block_table_ptr": "*i32", "offset": "i32",
+           "gather_lens_ptr": "*i32" if has_gather_lens else "constexpr"}
+    const = dict(max_blocks_per_seq=1024, fp8_dim=448, bf16_dim=64, scale_dim=8, quant_block=64,
+                 cache_block_size=block_size, token_data_size=576, block_stride=_v4_block_stride(block_size, 576, 8),
+                 output_dim=512, fp8_max=448.0, n_quant_blocks=7, use_fnuz=False)
+    if not has_gather_lens:
+        const["gather_lens_ptr"] = None
+    return sig, const
+
+
+_V4_COMPRESS_SIG = {
+    "state_cache_ptr": "*fp32", "state_cache_stride0": "i32", "state_cache_stride1": "i32",
+    "token_to_req_indices_ptr": "*i32", "positions_ptr": "*i64", "slot_mapping_ptr": "*i64",
+    "block_table_ptr": "*i32", "block_table_stride": "i32", "block_size": "i32",
+    "rms_norm_weight_ptr": "*bf16", "rms_norm_eps": "fp32", "cos_sin_cache_ptr": "*fp32", "cos_sin_stride": "i32",
+    "k_cache_ptr": "*u8", "kv_slot_mapping_ptr": "*i64", "kv_cache_block_size": "i32",
+}
+
+
+def v4_compress_case(compress_ratio: int) -> tuple[dict, dict]:
+    """``compress_norm_rope_store_triton`` with head 512 (``_fused_kv_compress_norm_rope_insert_sparse_attn``):
+    state width = (1 + overlap) * 512, quant block 64, 576-byte token stride, 8 scale bytes; the compressed cache holds
+    256 / compress_ratio tokens a block."""
+    overlap = compress_ratio == 4
+    const = dict(HEAD_SIZE=512, TRITON_BLOCK_SIZE=512, STATE_WIDTH=512 * (1 + overlap), COMPRESS_RATIO=compress_ratio,
+                 OVERLAP=overlap, ROPE_HEAD_DIM=64, FP8_MAX=448.0, QUANT_BLOCK=64, TOKEN_STRIDE=576, SCALE_DIM=8,
+                 KV_BLOCK_STRIDE=_v4_block_stride(256 // compress_ratio, 576, 8), SANITIZE_CACHE_NANS=False)
+    return dict(_V4_COMPRESS_SIG), const
+
+
+def v4_finalize_case() -> tuple[dict, dict]:
+    """The two-stage head-512 compressor's second stage (``_finalize_norm_rope_quant_store_sparse_attn``), cr 128."""
+    sig = {"scratch_ptr": "*fp32", "scratch_stride": "i32", "positions_ptr": "*i64", "slot_mapping_ptr": "*i64",
+           "rms_norm_weight_ptr": "*bf16", "rms_norm_eps": "fp32", "cos_sin_cache_ptr": "*fp32",
+           "cos_sin_stride": "i32", "k_cache_ptr": "*u8", "kv_slot_mapping_ptr": "*i64", "kv_cache_block_size": "i32"}
+    const = dict(HEAD_SIZE=512, TRITON_BLOCK_SIZE=512, COMPRESS_RATIO=128, ROPE_HEAD_DIM=64, FP8_MAX=448.0,
+                 QUANT_BLOCK=64, TOKEN_STRIDE=576, SCALE_DIM=8, KV_BLOCK_STRIDE=_v4_block_stride(2, 576, 8),
+                 SANITIZE_CACHE_NANS=False)
+    return sig, const
+
+
+def v4_indexer_compress_case() -> tuple[dict, dict]:
+    """The head-128 indexer compressor (``_fused_kv_compress_norm_rope_insert_indexer_attn``), cr 4 with overlap:
+    one quant block of 128, an fp32 scale (``MX_SCALE`` is for SM 10.x), fp8_ds_mla cache alignment 576."""
+    const = dict(HEAD_SIZE=128, TRITON_BLOCK_SIZE=128, STATE_WIDTH=256, COMPRESS_RATIO=4, OVERLAP=True,
+                 ROPE_HEAD_DIM=64, FP8_MAX=448.0, QUANT_BLOCK=128, TOKEN_STRIDE=128, SCALE_DIM=4,
+                 KV_BLOCK_STRIDE=_v4_block_stride(64, 128, 4), MX_SCALE=False)
+    return dict(_V4_COMPRESS_SIG), const
+
+
+def v4_indexer_q_case() -> tuple[dict, dict]:
+    """``FusedIndexerQRopeQuantTritonKernel``: 64 index heads of 128 (64 RoPE), OCP e4m3."""
+    sig = {"pos_ptr": "*i64", "index_q_ptr": "*bf16", "index_q_stride0": "i32", "index_q_stride1": "i32",
+           "index_q_cos_sin_ptr": "*fp32", "index_q_cos_sin_stride": "i32", "index_q_fp8_ptr": "*fp8e4nv",
+           "index_q_fp8_stride0": "i32", "index_q_fp8_stride1": "i32", "index_weights_ptr": "*bf16",
+           "index_weights_stride": "i32", "index_weights_softmax_scale": "fp32", "index_weights_head_scale": "fp32",
+           "index_weights_out_ptr": "*fp32", "index_weights_out_stride": "i32"}
+    const = dict(INDEX_Q_HALF_ROT_DIM=32, INDEX_Q_HEAD_DIM=128, FP8_MAX=448.0, USE_FNUZ=False, USE_EXPLICIT_FMA=False)
+    return sig, const
+
+
+def v4_inv_rope_case() -> tuple[dict, dict]:
+    """``FusedInvRopeFP8QuantKernel`` as below SM 10.x: 8 heads per o-group, quant group 128 (4 per 512-wide head),
+    fp32 scales (no TMA-aligned packing), no PDL."""
+    sig = {"o_ptr": "*bf16", "positions_ptr": "*i64", "cos_sin_cache_ptr": "*fp32", "out_ptr": "*fp8e4nv",
+           "scale_ptr": "*fp32", "num_tokens": "i32", "o_stride_token": "i32", "o_stride_head": "i32",
+           "cache_stride_pos": "i32", "out_stride_group": "i32", "out_stride_token": "i32",
+           "scale_stride_group": "i32", "scale_stride_k": "i32"}
+    const = dict(heads_per_group=8, fp8_max=448.0, eps=1e-10, QUANT_GROUP_SIZE=128, CHUNKS_PER_HEAD=4, NOPE_DIM=448,
+                 HALF_ROPE=32, QUANTIZE=True, TMA_ALIGNED_SCALES=False, launch_pdl=False)
+    return sig, const
+
+
+#: id -> (module, kernel attribute path, case factory, its args, num_warps) for DeepSeek-V4's kernels.
+V4_CASES = {
+    "v4-swa_insert-bs64": ("cache_utils", "quantize_and_insert_k_kernel", v4_swa_insert_case, (64,), 4),
+    "v4-gather-bs64-lens1": ("cache_utils", "DequantizeAndGatherKCacheKernel.kernel", v4_gather_case, (64, True), 4),
+    "v4-gather-bs16-lens0": ("cache_utils", "DequantizeAndGatherKCacheKernel.kernel", v4_gather_case, (16, False), 4),
+    "v4-compress-cr4": ("fused_compress_quant_cache", "_fused_kv_compress_norm_rope_insert_sparse_attn",
+                        v4_compress_case, (4,), 4),
+    "v4-compress-cr128": ("fused_compress_quant_cache", "_fused_kv_compress_norm_rope_insert_sparse_attn",
+                          v4_compress_case, (128,), 4),
+    "v4-compress_finalize-cr128": ("fused_compress_quant_cache", "_finalize_norm_rope_quant_store_sparse_attn",
+                                   v4_finalize_case, (), 4),
+    "v4-indexer_compress-cr4": ("fused_compress_quant_cache", "_fused_kv_compress_norm_rope_insert_indexer_attn",
+                                v4_indexer_compress_case, (), 1),
+    "v4-indexer_q": ("fused_indexer_q", "FusedIndexerQRopeQuantTritonKernel.kernel", v4_indexer_q_case, (), 1),
+    "v4-inv_rope_fp8": ("fused_inv_rope_fp8_quant", "FusedInvRopeFP8QuantKernel.kernel", v4_inv_rope_case, (), 1),
+}
+
+
+def _v4_kernel(module: str, path: str):
+    import importlib
+
+    obj = importlib.import_module(V4_OPS + module)
+    for part in path.split("."):
+        obj = getattr(obj, part)  # a class body's staticmethod comes back as the JITFunction
+    assert obj.__module__ == V4_OPS + module, (path, obj.__module__)
+    return obj
+
+
 def _compile(kernel, sig: dict, const: dict, arch: int, num_warps: int):
     import triton
     from triton.backends.compiler import GPUTarget
@@ -128,8 +254,35 @@ def _compile(kernel, sig: dict, const: dict, arch: int, num_warps: int):
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
 
 
+def _scan(package: str) -> None:
+    """Subprocess entry ``scan PACKAGE``: one JSON row per ``@triton.jit`` function reachable from the package's
+    modules (module level or a class body's; a kernel made inside a function is not reachable), with whether its
+    source names ``float8e4nv`` and uses ``tl.cast``."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import triton
+
+    pkg = importlib.import_module(package)
+    for info in pkgutil.iter_modules(pkg.__path__, package + "."):
+        mod = importlib.import_module(info.name)
+        for name, obj in vars(mod).items():
+            found = [(name, obj)]
+            if inspect.isclass(obj) and obj.__module__ == info.name:
+                found = [(f"{name}.{a}", getattr(obj, a)) for a in vars(obj)]
+            for path, fn in found:
+                if isinstance(fn, triton.runtime.jit.JITFunction) and fn.__module__ == info.name:
+                    # the definition's name (a class attribute may alias a module-level kernel)
+                    path = fn.fn.__qualname__.replace("<locals>.", "")
+                    print(json.dumps(dict(module=info.name, path=path, e4nv="float8e4nv" in fn.src,
+                                          tl_cast="tl.cast(" in fn.src)), flush=True)
+
+
 def _main(argv: list[str]) -> None:
     """Subprocess entry: ``MODE ARCHS CASE_IDS`` (MODE: off | auto | always; comma-separated lists)."""
+    if argv[0] == "scan":
+        return _scan(argv[1])
     mode, archs, ids = argv[0], [int(a) for a in argv[1].split(",")], set(argv[2].split(","))
     import vllm.models.deepseek_v32.common.kernels as k
 
@@ -143,10 +296,13 @@ def _main(argv: list[str]) -> None:
         assert fp8_compat.install(mode), "the router did not install"
     kernels = {"norm_rope": (k._fused_norm_rope_kernel, norm_rope_case, 4),
                "fused_q": (k._fused_q_kernel, fused_q_case, 1)}
-    for cid, kname, args in all_cases():
+    todo = [(cid, *kernels[kname], args) for cid, kname, args in all_cases()]
+    if "all" in ids or any(i.startswith("v4-") for i in ids):
+        todo += [(cid, _v4_kernel(mod, path), make, warps, args)
+                 for cid, (mod, path, make, args, warps) in V4_CASES.items() if cid in ids or "all" in ids]
+    for cid, fn, make, warps, args in todo:
         if cid not in ids and "all" not in ids:
             continue
-        fn, make, warps = kernels[kname]
         for arch in archs:
             row = dict(id=cid, arch=arch)
             try:
@@ -174,7 +330,7 @@ def run_compiles(mode: str, archs, ids, cache_dir) -> list[dict]:
     return rows
 
 
-ALL_IDS = [c[0] for c in all_cases()]
+ALL_IDS = [c[0] for c in all_cases()] + list(V4_CASES)
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +350,7 @@ def test_routed_kernels_compile_without_native_e4m3(routed, cid, arch):
 
 def test_without_the_router_the_same_builds_fail(tmp_path):
     ids = ["norm_rope-dsv32-fp8_ds_mla-ix1-il0", "fused_q-dsv32-ix1-il0", "norm_rope-glm5-bfloat16-ix1-il1"]
+    ids += list(V4_CASES)  # every DeepSeek-V4 case
     rows = run_compiles("off", [80], ids, tmp_path)
     assert len(rows) == len(ids)
     for r in rows:
@@ -202,13 +359,36 @@ def test_without_the_router_the_same_builds_fail(tmp_path):
 
 
 def test_cache_keys_differ_between_routed_and_native_builds(tmp_path):
-    """sm90 builds the casts natively; ``always`` routes them: same source and options, different cache entries."""
-    ids = ["fused_q-dsv32-ix1-il0"]
-    native = run_compiles("auto", [90], ids, tmp_path)[0]  # auto leaves sm90 alone
-    soft = run_compiles("always", [90], ids, tmp_path)[0]  # the same cache directory
-    assert native["ok"] and soft["ok"], (native, soft)
-    assert native["e4m3_cvt"] > 0 and soft["e4m3_cvt"] == 0
-    assert native["hash"] != soft["hash"]
+    """sm90 builds the casts natively; ``always`` routes them: same source and options, different cache entries.
+    (The V4 SWA gather is the decode side: bitcast to fp8e4nv, then fp8e4nv -> float32.)"""
+    ids = ["fused_q-dsv32-ix1-il0", "v4-gather-bs64-lens1", "v4-inv_rope_fp8"]
+    native = run_compiles("auto", [90], ids, tmp_path)  # auto leaves sm90 alone
+    soft = {r["id"]: r for r in run_compiles("always", [90], ids, tmp_path)}  # the same cache directory
+    assert len(native) == len(soft) == len(ids)
+    for n in native:
+        s = soft[n["id"]]
+        assert n["ok"] and s["ok"], (n, s)
+        assert n["e4m3_cvt"] > 0 and s["e4m3_cvt"] == 0, (n, s)
+        assert n["hash"] != s["hash"]
+
+
+def test_every_v4_kernel_that_casts_to_e4m3_is_routed_and_compile_tested():
+    """Every ``@triton.jit`` function of ``vllm.models.deepseek_v4.common.ops`` whose source names ``float8e4nv``
+    lives in a routed module, has a compile case above, and casts with ``.to`` only (``tl.cast`` is not routed)."""
+    from triton_mla_sparse.integrations.vllm.fp8_compat import ROUTED_MODULES
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",)}
+    env.update(CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, __file__, "scan", V4_OPS.rstrip(".")], capture_output=True, text=True,
+                          env=env, timeout=600)
+    rows = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert rows, proc.stderr[-3000:]
+    casting = {(r["module"], r["path"]) for r in rows if r["e4nv"]}
+    tested = {(V4_OPS + mod, path) for mod, path, *_ in V4_CASES.values()}
+    assert casting == tested, (casting, tested)
+    assert {m for m, _ in casting} <= set(ROUTED_MODULES)
+    assert "vllm.models.deepseek_v32.common.kernels" in ROUTED_MODULES
+    assert not [r for r in rows if r["tl_cast"]]
 
 
 # In-process tests of the switch (no compile: the interpreter is on in this tier).
@@ -284,12 +464,16 @@ def test_routes_only_routed_modules_and_targets(fc):
     from types import SimpleNamespace
 
     kernel = SimpleNamespace(__module__="vllm.models.deepseek_v32.common.kernels")
+    v4 = SimpleNamespace(__module__="vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant")
+    v4_other = SimpleNamespace(__module__="vllm.models.deepseek_v4.common.ops.save_partial_states")
     other = SimpleNamespace(__module__="vllm.v1.attention.ops.triton_decode_attention")
     sm = {a: SimpleNamespace(arch=f"sm{a}") for a in (80, 86, 89, 90)}
     hip = SimpleNamespace(arch="gfx942")
     assert not any(fc.routes(kernel, o) for o in sm.values())  # not installed: mode off
     fc.state.mode = "auto"
     assert [fc.routes(kernel, sm[a]) for a in (80, 86, 89, 90)] == [True, True, False, False]
+    assert [fc.routes(v4, sm[a]) for a in (80, 86, 89, 90)] == [True, True, False, False]
+    assert not fc.routes(v4_other, sm[80])
     assert not fc.routes(other, sm[80]) and not fc.routes(kernel, hip)
     fc.state.mode = "always"
     assert all(fc.routes(kernel, o) for o in sm.values()) and not fc.routes(other, sm[90])

@@ -2,8 +2,19 @@
 
 vLLM 0.33's ``vllm.models.deepseek_v32.common.kernels`` (``fused_norm_rope``, ``fused_q`` and their helpers) casts
 float32 to ``tl.float8e4nv`` and writes through fp8e4nv pointers; Triton refuses that type below sm89 (``ValueError:
-type fp8e4nv not supported in this architecture``), so DeepSeek-V3.2 / GLM-5 cannot run there. :func:`install`
-changes how Triton compiles exactly those kernels, without touching vLLM's files:
+type fp8e4nv not supported in this architecture``), so DeepSeek-V3.2 / GLM-5 cannot run there. DeepSeek-V4's Triton
+kernels in ``vllm.models.deepseek_v4.common.ops`` do the same: ``cache_utils`` (``quantize_and_insert_k_kernel``, the
+SWA-cache insert; ``DequantizeAndGatherKCacheKernel.kernel``, which bitcasts the cache bytes to fp8e4nv and decodes
+them), ``fused_compress_quant_cache`` (the head-512 sparse-attention compressor stores
+``_fused_kv_compress_norm_rope_insert_sparse_attn`` and ``_finalize_norm_rope_quant_store_sparse_attn``, and the
+head-128 indexer one ``_fused_kv_compress_norm_rope_insert_indexer_attn``), ``fused_indexer_q``
+(``FusedIndexerQRopeQuantTritonKernel.kernel``) and ``fused_inv_rope_fp8_quant``
+(``FusedInvRopeFP8QuantKernel.kernel``). Kernels defined in a class body (``@staticmethod @triton.jit``) keep their
+module's name as ``__module__``, so routing by module covers them. All of them cast with ``.to(...)`` only; their
+FNUZ branches (``tl.float8e4b8``, behind ``use_fnuz``/``USE_FNUZ`` constexprs, false on CUDA) are left alone. The
+vLLM tier AOT-compiles these seven for sm80 and sm86 (routed: no e4m3 conversion instruction; unrouted: Triton's
+error); none of the V4 ones has run on a GPU yet. :func:`install` changes how Triton compiles exactly the kernels of
+:data:`ROUTED_MODULES`, without touching vLLM's files:
 
 * ``ASTSource.make_ir`` (Triton's front end): when the kernel being compiled is defined in a routed module
   (:data:`ROUTED_MODULES`) and the target is CUDA below sm89 (mode ``auto``) or any CUDA target (``always``), the
@@ -43,8 +54,15 @@ from .policy import logger, soft_fp8_mode
 
 __all__ = ["ROUTED_MODULES", "ROUTER_VERSION", "install", "uninstall", "installed", "routes", "state"]
 
-#: Modules whose ``@triton.jit`` kernels get the software casts.
-ROUTED_MODULES: tuple[str, ...] = ("vllm.models.deepseek_v32.common.kernels",)
+#: Modules whose ``@triton.jit`` kernels get the software casts (a kernel's ``__module__``, also for kernels defined
+#: in a class body or a function): DeepSeek-V3.2 / GLM-5's DSA kernels and DeepSeek-V4's (see the module doc).
+ROUTED_MODULES: tuple[str, ...] = (
+    "vllm.models.deepseek_v32.common.kernels",
+    "vllm.models.deepseek_v4.common.ops.cache_utils",
+    "vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache",
+    "vllm.models.deepseek_v4.common.ops.fused_indexer_q",
+    "vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant",
+)
 ROUTER_VERSION = "1"
 _MARK = "_triton_mla_sparse_soft_fp8"
 _FP8 = "fp8e4nv"

@@ -111,8 +111,12 @@ COMPONENTS: tuple[Component, ...] = (
         "vllm.models.deepseek_v4.common.ops, vllm.models.deepseek_v41.common.ops",
         (8, 9), (V4, V41),
         "Cache inserts, compressor quantization, indexer q, inverse-RoPE fp8 quant: Triton has no native e4m3 "
-        "conversion before sm_89; the plugin's software cast (TRITON_MLA_SPARSE_SOFT_FP8) covers only "
-        "DeepSeek-V3.2's kernels so far."),
+        "conversion before sm_89. The plugin's software cast (TRITON_MLA_SPARSE_SOFT_FP8) now routes V4's: "
+        "cache_utils (SWA insert quantize_and_insert_k_kernel, dequantize-gather), fused_compress_quant_cache "
+        "(head-512 sparse-attn compressor stores, head-128 indexer compressor), fused_indexer_q and "
+        "fused_inv_rope_fp8_quant; compile-tested for sm80/sm86 (no e4m3 conversion left), not yet run on a GPU, so "
+        "this row still blocks. V4.1's own ops (deepseek_v41.common.ops cache_utils, fused_compress_quant_cache, "
+        "indexer_k_store; deepseek_v41.common.engram) are not routed."),
 )
 
 #: The attention row: routed to this package's layer (not blocking) wherever :func:`routes_attention` holds.
