@@ -43,7 +43,8 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
     software e4m3 path of SM80/86 forced (``TRITON_MLA_SPARSE_SOFT_FP8=always``). A DeepSeek-V4 variant runs
     per mode our layer against vLLM's FlashMLA layer (fp8_ds_mla pages), with vLLM's indexer and with ours forced
     (its compressed C4A cache); the FlashMLA engines also recompute each eager attention call with our layer's
-    forward (``shadow_attention``)."""
+    forward (``shadow_attention``); with CUDA graphs, ours also with the software e4m3 casts forced in vLLM's V4
+    Triton kernels (``TRITON_MLA_SPARSE_SOFT_FP8=always``, SM 8.0/8.6's path) against ours without them."""
     specs: list[dict] = []
     pairs: list[dict] = []
 
@@ -67,6 +68,13 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
             pair("vs_peer", f"{tag}-ours", f"{tag}-peer", variant=variant, mode=mode, kv="fp8_ds_mla")
             pair("vs_peer", f"{tag}-ours-ti", f"{tag}-peer", variant=variant, mode=mode, kv="fp8_ds_mla",
                  indexer="ours")
+        if "graphs" in modes:  # the software e4m3 casts of SM 8.0/8.6 forced in vLLM's V4 Triton kernels
+            tag = f"{variant}-graphs-fp8_ds_mla"
+            specs.append(base_spec(f"{tag}-ours-softfp8", variant=variant, backend=OURS_V4, kv="fp8_ds_mla",
+                                   mode="graphs", model_root=model_root, count_calls=True,
+                                   env={"TRITON_MLA_SPARSE_SOFT_FP8": "always"}))
+            pair("soft_fp8_vs_native", f"{tag}-ours-softfp8", f"{tag}-ours", variant=variant, mode="graphs",
+                 kv="fp8_ds_mla")
         if {"eager", "graphs"} <= set(modes):
             for who in ("peer", "ours"):
                 pair(f"{who}_eager_vs_graphs", f"{variant}-eager-fp8_ds_mla-{who}",

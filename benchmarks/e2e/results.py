@@ -32,6 +32,10 @@ def v4_checks(run: dict[str, Any]) -> list[str]:
     if spec.get("env", {}).get("TRITON_MLA_SPARSE_INDEXER") == "always" and \
             not (indexers.get("triton") and not indexers.get("vllm")):
         problems.append(f"indexers {indexers}: ours forced, yet not every indexer is ours")
+    soft = run.get("soft_fp8") or {}
+    if spec.get("env", {}).get("TRITON_MLA_SPARSE_SOFT_FP8") == "always" and \
+            not (soft.get("installed") and soft.get("mode") == "always"):
+        problems.append(f"software e4m3 casts forced, yet the router is {soft}")
     if spec.get("shadow_attention"):
         sh = run.get("attention_shadow") or {}
         if not sh.get("calls"):

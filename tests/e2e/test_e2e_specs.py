@@ -45,6 +45,11 @@ def test_matrix_covers_the_issue():
     kinds = {p["kind"] for p in pairs}
     assert {"speculative_vs_peer", "speculative_vs_plain", "soft_fp8_vs_native"} <= kinds
     assert any(s["env"].get("TRITON_MLA_SPARSE_SOFT_FP8") == "always" for s in specs)
+    v4_soft = [p for p in pairs if p["kind"] == "soft_fp8_vs_native" and p["variant"].startswith("dsv4")]
+    assert {p["variant"] for p in v4_soft} == {"dsv4-h8", "dsv4-h64"}
+    for p in v4_soft:
+        o, q = by_name[p["ours"]], by_name[p["peer"]]
+        assert o["env"] == {"TRITON_MLA_SPARSE_SOFT_FP8": "always"} and q["env"] == {} and o["backend"] == q["backend"]
 
 
 def test_serving_specs():
@@ -206,6 +211,10 @@ def test_v4_pairs_count_only_with_the_expected_layers_and_a_clean_shadow():
     forced["spec"] = {**forced["spec"], "env": {"TRITON_MLA_SPARSE_INDEXER": "always"}}
     assert v4_checks(forced) == []
     assert v4_checks({**forced, "indexers": {"triton": 0, "vllm": 1}}), "our indexer forced but vLLM's ran"
+    soft = _v4_run(OURS_V4, soft_fp8={"installed": True, "mode": "always"})
+    soft["spec"] = {**soft["spec"], "env": {"TRITON_MLA_SPARSE_SOFT_FP8": "always"}}
+    assert v4_checks(soft) == []
+    assert v4_checks({**soft, "soft_fp8": {"installed": False, "mode": "off"}}), "casts forced but no router"
     for what, run in bad.items():
         assert v4_checks(run), what
     prompts = [{"length": 17, "tokens": [1, 2], "first_logprobs": {"1": -0.5}, "top2_margins": [0.1, 0.1]}]
