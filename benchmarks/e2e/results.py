@@ -210,6 +210,13 @@ def readme_correctness_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _serving_cells(r: dict[str, Any]) -> str:
+    """A serving row's README cells: TTFT, TPOT and batched decode tokens/s at 8K / 32K context."""
+    c = {x["context"]: x for x in r["contexts"]}
+    return (f"{c[8192]['ttft_ms']:.1f} / {c[32768]['ttft_ms']:.1f} | {c[8192]['tpot_ms']:.2f} / "
+            f"{c[32768]['tpot_ms']:.2f} | {c[8192]['decode_tok_s']:,.0f} / {c[32768]['decode_tok_s']:,.0f}")
+
+
 def readme_serving_table(doc: dict[str, Any]) -> str:
     """The README's serving table."""
     rows = {(r["variant"], r["backend"], r["kv_cache_dtype"]): r for r in doc.get("serving", [])}
@@ -222,10 +229,7 @@ def readme_serving_table(doc: dict[str, Any]) -> str:
                 if r is None or not r["ok"]:
                     lines.append(f"| {_LABEL[v]} | {_CACHE[kv]} | {backend} | — | — | — |")
                     continue
-                c = {x["context"]: x for x in r["contexts"]}
-                lines.append(f"| {_LABEL[v]} | {_CACHE[kv]} | {backend} | {c[8192]['ttft_ms']:.1f} / "
-                             f"{c[32768]['ttft_ms']:.1f} | {c[8192]['tpot_ms']:.2f} / {c[32768]['tpot_ms']:.2f} | "
-                             f"{c[8192]['decode_tok_s']:,.0f} / {c[32768]['decode_tok_s']:,.0f} |")
+                lines.append(f"| {_LABEL[v]} | {_CACHE[kv]} | {backend} | {_serving_cells(r)} |")
     return "\n".join(lines)
 
 
@@ -296,8 +300,5 @@ def readme_v4_serving_table(doc: dict[str, Any]) -> str:
             if not r["ok"]:
                 lines.append(f"| {_V4_LABEL[v]} | {backend} | failed | | |")
                 continue
-            c = {x["context"]: x for x in r["contexts"]}
-            lines.append(f"| {_V4_LABEL[v]} | {backend} | {c[8192]['ttft_ms']:.1f} / {c[32768]['ttft_ms']:.1f} | "
-                         f"{c[8192]['tpot_ms']:.2f} / {c[32768]['tpot_ms']:.2f} | "
-                         f"{c[8192]['decode_tok_s']:,.0f} / {c[32768]['decode_tok_s']:,.0f} |")
+            lines.append(f"| {_V4_LABEL[v]} | {backend} | {_serving_cells(r)} |")
     return "\n".join(lines)

@@ -7,10 +7,10 @@ comparison holds the same weights whatever its attention backend), sets norm gai
 quantisation scales, and then recomputes what vLLM's MLA layers derive from ``kv_b_proj`` at load time (``W_UK_T``,
 ``W_UV``) with vLLM's own ``process_weights_after_loading``, which copies in place so captured CUDA graphs stay valid.
 DeepSeek-V4 models have no ``kv_b_proj``: their attention sinks are drawn for the layer's real heads only (FlashMLA's
-layer pads 8 heads to 64, so that a draw of the whole parameter would differ from ours), their hash-MoE tables (drawn at construction from the global generator,
-whose state depends on what the attention layer drew before) are redrawn from the same seeded generators, the mHC
-mixing scales are weights (not quantisation scales), and the model's own load step (the first layer's broadcast mHC
-weight) runs again.
+layer pads 8 heads to 64, so that a draw of the whole parameter would differ from ours), their hash-MoE tables
+(drawn at construction from the global generator, whose state depends on what the attention layer drew before) are
+redrawn from the same seeded generators, the mHC mixing scales are weights (not quantisation scales), and the
+model's own load step (the first layer's broadcast mHC weight) runs again.
 """
 
 from __future__ import annotations
@@ -57,30 +57,27 @@ def reinit_parameters(model: torch.nn.Module, *, seed: int = 0, std: float = 0.0
     for name, p in sorted(params.items(), key=lambda kv: kv[0]):
         what = rule(name, p)
         counts[what] += 1
-        if what == "hash":  # experts: the rows of the gate's weight beside it (else the table's own range)
+        if what == "keep":
+            continue
+        g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
+        drawn = p  # the part that counts in the checksum
+        if what == "normal":
+            p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std).to(p.dtype))
+        elif what == "hash":  # experts: the rows of the gate's weight beside it (else the table's own range)
             gate = params.get(name.rsplit(".", 1)[0] + ".weight")
             experts = gate.shape[0] if gate is not None else int(p.max()) + 1
-            g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
             p.copy_(torch.randint(0, experts, p.shape, generator=g, device=p.device, dtype=p.dtype))
-            checksum += float(p.double().sum())
-            continue
-        if what == "sink":  # the layer's real heads drawn, padding heads -inf (no sink) as vLLM's loader leaves them
+        elif what == "sink":  # the layer's real heads drawn, padding heads -inf (no sink) as vLLM's loader leaves them
             owner = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
             heads = min(int(getattr(owner, "n_local_heads", p.numel())), p.numel())
-            g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
             p.fill_(float("-inf"))
             p[:heads] = torch.randn(heads, generator=g, device=p.device, dtype=torch.float32).mul_(std).to(p.dtype)
-            checksum += float(p[:heads].float().abs().sum())
-            continue
-        if what == "normal":
-            g = torch.Generator(device=p.device).manual_seed(param_seed(seed, name))
-            p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std).to(p.dtype))
+            drawn = p[:heads]
         elif what == "ones":
             p.fill_(1.0)
-        elif what == "zeros":
+        else:
             p.zero_()
-        if what != "keep":
-            checksum += float(p.float().abs().sum())
+        checksum += float(drawn.float().abs().sum())
     return {"counts": counts, "checksum": checksum}
 
 
@@ -134,17 +131,23 @@ class ReinitExtension:
 
 
 def probe_model(model: torch.nn.Module) -> dict[str, Any]:
-    """Attention impl class names and batch-invariant flags, and the DSA indexers' Triton flags, of ``model``."""
+    """Attention impl class names and batch-invariant flags, the attention layers by class (``layer/impl``, or the
+    layer alone where it is its own attention, as DeepSeek-V4's), and the DSA indexers' Triton flags, of ``model``."""
     import vllm.envs as envs
 
     impls: dict[str, int] = {}
+    layers: dict[str, int] = {}
     invariant_impls = 0
     indexers = {"triton": 0, "vllm": 0}
     for module in model.modules():
+        name = type(module).__name__
         impl = getattr(module, "impl", None)
         if impl is not None and hasattr(impl, "forward_mqa"):
             impls[type(impl).__name__] = impls.get(type(impl).__name__, 0) + 1
             invariant_impls += bool(getattr(impl, "batch_invariant", False))
+            layers[f"{name}/{type(impl).__name__}"] = layers.get(f"{name}/{type(impl).__name__}", 0) + 1
+        elif name.endswith("Attention"):  # a layer that is its own attention (DeepSeek-V4's classes)
+            layers[name] = layers.get(name, 0) + 1
         if type(module).__name__ == "TritonSparseAttnIndexer":
             indexers["triton" if module.triton else "vllm"] += 1
         elif type(module).__name__ == "SparseAttnIndexer":
@@ -157,5 +160,5 @@ def probe_model(model: torch.nn.Module) -> dict[str, Any]:
     except ImportError:
         pass
     return {"batch_invariant_env": bool(envs.VLLM_BATCH_INVARIANT), "attention_impls": impls,
-            "batch_invariant_impls": invariant_impls, "indexers": indexers,
+            "attention_layers": layers, "batch_invariant_impls": invariant_impls, "indexers": indexers,
             "indexer_deterministic": deterministic}

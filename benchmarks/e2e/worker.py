@@ -44,7 +44,7 @@ def _engine(spec: dict[str, Any]):
 
     from .models import is_v4, write_model
     from .schema import OURS_V4
-    from .weights import reinit
+    from .weights import probe_model, reinit
 
     load_general_plugins()  # so that attention_config can name TRITON_MLA_SPARSE
     model_dir = write_model(spec["variant"], spec["model_root"], max_position_embeddings=spec["max_model_len"])
@@ -76,21 +76,9 @@ def _engine(spec: dict[str, Any]):
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0
     info = llm.apply_model(functools.partial(reinit, seed=spec["weights_seed"], std=spec["weights_std"]))[0]
-    from .weights import probe_model
-
-    return llm, {"start_s": start_s, "weights": info, "layers": llm.apply_model(attention_layers)[0],
-                 "indexers": llm.apply_model(probe_model)[0]["indexers"]}
-
-
-def attention_layers(model) -> dict[str, int]:
-    """How many attention layers of each class ``model`` holds (which layer class the engine really built)."""
-    counts: dict[str, int] = {}
-    for module in model.modules():
-        name = type(module).__name__
-        if name.endswith("Attention") or (getattr(module, "impl", None) is not None and hasattr(module.impl, "forward_mqa")):
-            key = name if getattr(module, "impl", None) is None else f"{name}/{type(module.impl).__name__}"
-            counts[key] = counts.get(key, 0) + 1
-    return counts
+    probe = llm.apply_model(probe_model)[0]  # which attention layers and indexers the engine really built
+    return llm, {"start_s": start_s, "weights": info, "layers": probe["attention_layers"],
+                 "indexers": probe["indexers"]}
 
 
 class CallCounter:
@@ -306,9 +294,8 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
     from .compare import margin_at
-    from .prompts import prompt_set
-
     from .models import is_v4
+    from .prompts import prompt_set
 
     counter = shadow = None
     if spec.get("count_calls"):
