@@ -1,5 +1,6 @@
-"""A/B timing behind benchmarks/results/ab-h200-2026-12-02-indexer-scale.txt (session 9, benchmarks/NOTES.md):
-graph-replay medians of ``indexer_topk`` (logits + top-k) for whichever source tree is on PYTHONPATH. There: src as
+"""A/B timing of ``indexer_topk`` (logits + top-k; graph-replay medians) for whichever source tree is on PYTHONPATH,
+run alternately per tree. Behind benchmarks/results/ab-h200-2026-12-02-indexer-scale.txt (session 9) and
+ab-h200-2026-12-02-records.txt (session 12, ab_records.patch; benchmarks/NOTES.md). Session 9: src as
 committed ("ia": ReLU of the scaled score) and a copy whose wgmma logits kernel applies the position's scale after
 the head sum ("ib": ``b_v = gl.sum(gl.maximum(b_s, 0.0) * b_w[None, :], 1) * b_sc``, equal for scales >= 0), run
 alternately twice:
