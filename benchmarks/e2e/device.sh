@@ -12,7 +12,8 @@
 #                                              none); with E2E_TRACE=1 the module-by-module trace (trace.py); with
 #                                              E2E_MATRIX=1 also the correctness matrix, then the serving runs alone
 #                                              (E2E_VARIANTS / E2E_SERVING_VARIANTS: their models, default the
-#                                              harness's); E2E_SIDE=0 skips the fp8 check and the GPU tests;
+#                                              harness's; E2E_SERVING=0: no serving runs); E2E_SIDE=0 skips the
+#                                              fp8 check and the GPU tests;
 #                                              results under /tmp/e2e
 #   bash benchmarks/e2e/device.sh wait [SEC]   wait up to SEC (default 540) for the runs, then copy a tarball of
 #                                              /tmp/e2e (without model folders) and the section files to $OUT
@@ -98,7 +99,7 @@ PY
         fi
         wait
         touch '"$E2E"'/CORRECTNESS_DONE
-        if [ "${E2E_MATRIX:-0}" = "1" ]; then
+        if [ "${E2E_MATRIX:-0}" = "1" ] && [ "${E2E_SERVING:-1}" = "1" ]; then
             timeout 1200 python3 -m e2e serving --out '"$E2E"'/serving \
                 ${E2E_SERVING_VARIANTS:+--variants "$E2E_SERVING_VARIANTS"} > '"$E2E"'/serving.log 2>&1
         fi
