@@ -267,19 +267,23 @@ def _shadow_cell(r: dict[str, Any] | None, phase: str) -> str:
 
 
 def readme_v4_table(doc: dict[str, Any]) -> str:
-    """The README's DeepSeek-V4 table: ours (the plugin's layer) against vLLM's FlashMLA layer per model and mode —
-    agreement cells as in :func:`readme_correctness_table` ("failed" where :func:`v4_checks` fails), the
+    """The README's DeepSeek-V4 table: ours (the plugin's layer) against vLLM's FlashMLA layer per model and mode,
+    with vLLM's indexer and with ours forced — agreement cells as in :func:`readme_correctness_table` ("failed"
+    where :func:`v4_checks` fails) —, ours with the software e4m3 casts against ours without (CUDA graphs), the
     eager-vs-graphs yardsticks, and, for the eager engines, the attention shadow (in the FlashMLA engine our layer
     recomputes each call: worst relative error per layer kind; in CUDA-graph mode decode replays are not
-    shadowed)."""
-    lines = ["| model | mode | ours vs FLASHMLA_SPARSE_DSV4 | it, eager vs graphs | ours, eager vs graphs | "
-             "shadow (eager), prefill: window / C4A / C128A | shadow (eager), decode |", "|---|---|---|---|---|---|---|"]
+    shadowed). Columns a results file has no pair for read "—"."""
+    lines = ["| model | mode | ours vs FLASHMLA_SPARSE_DSV4 | same, our indexer | ours, soft vs native e4m3 | "
+             "it, eager vs graphs | ours, eager vs graphs | shadow (eager), prefill: window / C4A / C128A | "
+             "shadow (eager), decode |", "|---|---|---|---|---|---|---|---|---|"]
     for v in _V4_LABEL:
         for mode in ("eager", "graphs"):
             r = _pair(doc, "vs_peer", v, "fp8_ds_mla", mode, "vllm")
             if r is None:
                 continue
+            soft = _cell(_pair(doc, "soft_fp8_vs_native", v, "fp8_ds_mla", mode)) if mode == "graphs" else ""
             lines.append(f"| {_V4_LABEL[v]} | {mode} | {_cell(r)} | "
+                         f"{_cell(_pair(doc, 'vs_peer', v, 'fp8_ds_mla', mode, 'ours'))} | {soft} | "
                          f"{_cell(_pair(doc, 'peer_eager_vs_graphs', v, 'fp8_ds_mla'))} | "
                          f"{_cell(_pair(doc, 'ours_eager_vs_graphs', v, 'fp8_ds_mla'))} | "
                          + (f"{_shadow_cell(r, 'prefill')} | {_shadow_cell(r, 'decode')} |" if mode == "eager"

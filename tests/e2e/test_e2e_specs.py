@@ -152,13 +152,14 @@ def test_committed_results_files_validate():
     assert files, "no committed e2e results file"
     for path in files:
         doc = validate_results(json.loads(path.read_text()))
-        assert doc["correctness"] and doc["serving"]
-        if any(not r["variant"].startswith("dsv4") for r in doc["correctness"]):  # the V3.2 / GLM-5 runs
+        assert doc.get("correctness") or doc.get("serving"), path.name
+        if any(not r["variant"].startswith("dsv4") for r in doc.get("correctness", [])):  # V3.2 / GLM-5 runs
             assert "soak" in doc
 
 
 def test_readme_tables_are_the_committed_results():
-    """The README's "Proven in vLLM" tables are generated from the newest committed results file, not retyped."""
+    """The README's "Proven in vLLM" tables are generated from the newest committed results file holding them, not
+    retyped (file names sort by date; a day's later run takes a letter after the date)."""
     from pathlib import Path
 
     from e2e.results import readme_correctness_table, readme_serving_table, readme_soak_table
@@ -168,16 +169,22 @@ def test_readme_tables_are_the_committed_results():
     root = Path(__file__).resolve().parents[2]
     docs = [(path, json.loads(path.read_text())) for path in sorted((root / "benchmarks" / "results").glob("e2e-*.json"))]
     readme = (root / "README.md").read_text()
+    def newest(section: str, v4: bool) -> dict:
+        """The newest file whose ``section`` has rows of V4 (or of the other models), its name in the README."""
+        path, doc = [(p, d) for p, d in docs
+                     if any(r["variant"].startswith("dsv4") == v4 for r in d.get(section, []))][-1]
+        assert path.name in readme, path.name
+        return doc
+
     # the V3.2 / GLM-5 tables from the newest file with those models, the V4 tables from the newest with V4
-    newest, doc = [(p, d) for p, d in docs if any(not r["variant"].startswith("dsv4") for r in d["correctness"])][-1]
-    assert newest.name in readme
+    doc = newest("correctness", False)
     assert readme_correctness_table(doc) in readme
     assert readme_serving_table(doc) in readme
     assert readme_soak_table(doc) in readme
-    newest, doc = [(p, d) for p, d in docs if any(r["variant"].startswith("dsv4") for r in d["correctness"])][-1]
-    assert newest.name in readme
-    assert readme_v4_table(doc) in readme and "DSV4 h64 | graphs" in readme_v4_table(doc)
-    assert readme_v4_serving_table(doc) in readme
+    table = readme_v4_table(newest("correctness", True))
+    assert table in readme and "DSV4 h64 | graphs" in table
+    table = readme_v4_serving_table(newest("serving", True))
+    assert table in readme and "DSV4 h64 | FLASHMLA_SPARSE_DSV4" in table
 
 
 def _v4_run(backend, **extra):

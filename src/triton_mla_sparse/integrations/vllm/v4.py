@@ -84,7 +84,8 @@ COMPONENTS: tuple[Component, ...] = (
         (9, 0), (V4, V41),
         "Called by vllm.model_executor.layers.sparse_attn_indexer.sparse_attn_indexer (SparseAttnIndexer); "
         "DeepGEMM runs on arch 9/10/12 only. The plugin's Triton indexer (integrations.vllm.indexer) takes V4's "
-        "compressed FP8 indexer cache (compress_ratio 4, the C4A layers' DeepseekV4Indexer); it rejects the MXFP4 "
+        "compressed FP8 indexer cache (compress_ratio 4, the C4A layers' DeepseekV4Indexer; run in a live V4 engine "
+        "on an H200 with TRITON_MLA_SPARSE_INDEXER=always); it rejects the MXFP4 "
         "indexer cache and V4.1's two-level candidate blocks at construction. The row's minimum is left as it "
         "is while other rows still stop V4 below SM 9.0."),
     Component(
@@ -114,9 +115,11 @@ COMPONENTS: tuple[Component, ...] = (
         "conversion before sm_89. The plugin's software cast (TRITON_MLA_SPARSE_SOFT_FP8) now routes V4's: "
         "cache_utils (SWA insert quantize_and_insert_k_kernel, dequantize-gather), fused_compress_quant_cache "
         "(head-512 sparse-attn compressor stores, head-128 indexer compressor), fused_indexer_q and "
-        "fused_inv_rope_fp8_quant; compile-tested for sm80/sm86 (no e4m3 conversion left), not yet run on a GPU, so "
-        "this row still blocks. V4.1's own ops (deepseek_v41.common.ops cache_utils, fused_compress_quant_cache, "
-        "indexer_k_store; deepseek_v41.common.engram) are not routed."),
+        "fused_inv_rope_fp8_quant; compile-tested for sm80/sm86 (no e4m3 conversion left) and forced in a live "
+        "V4 engine on an H200 (first-token logprobs within the engines' eager-vs-graphs drift of the hardware "
+        "casts), not run on an SM 8.x GPU; the row still blocks while the compressor row does. V4.1's own ops "
+        "(deepseek_v41.common.ops cache_utils, fused_compress_quant_cache, indexer_k_store; "
+        "deepseek_v41.common.engram) are not routed."),
 )
 
 #: The attention row: routed to this package's layer (not blocking) wherever :func:`routes_attention` holds.
