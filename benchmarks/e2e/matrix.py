@@ -44,7 +44,9 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
     per mode our layer against vLLM's FlashMLA layer (fp8_ds_mla pages), with vLLM's indexer and with ours forced
     (its compressed C4A cache); the FlashMLA engines also recompute each eager attention call with our layer's
     forward (``shadow_attention``); with CUDA graphs, ours also with the software e4m3 casts forced in vLLM's V4
-    Triton kernels (``TRITON_MLA_SPARSE_SOFT_FP8=always``, SM 8.0/8.6's path) against ours without them."""
+    Triton kernels (``TRITON_MLA_SPARSE_SOFT_FP8=always``, SM 8.0/8.6's path) against ours without them, and with
+    everything SM 8.x runs instead of vLLM's components forced (our indexer, the software casts, the portable mHC
+    prenorm: ``TRITON_MLA_SPARSE_DSV4_PORTABLE=always``) against ours without them."""
     specs: list[dict] = []
     pairs: list[dict] = []
 
@@ -75,6 +77,14 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
                                    env={"TRITON_MLA_SPARSE_SOFT_FP8": "always"}))
             pair("soft_fp8_vs_native", f"{tag}-ours-softfp8", f"{tag}-ours", variant=variant, mode="graphs",
                  kv="fp8_ds_mla")
+            # everything SM 8.x runs instead of vLLM's components: our indexer, the software casts, the portable
+            # mHC prenorm (and o_proj, a no-op on these bf16 weights)
+            specs.append(base_spec(f"{tag}-ours-sm8x", variant=variant, backend=OURS_V4, kv="fp8_ds_mla",
+                                   mode="graphs", model_root=model_root, count_calls=True,
+                                   env={"TRITON_MLA_SPARSE_INDEXER": "always", "TRITON_MLA_SPARSE_SOFT_FP8": "always",
+                                        "TRITON_MLA_SPARSE_DSV4_PORTABLE": "always"}))
+            pair("sm8x_vs_native", f"{tag}-ours-sm8x", f"{tag}-ours", variant=variant, mode="graphs",
+                 kv="fp8_ds_mla", indexer="ours")
         if {"eager", "graphs"} <= set(modes):
             for who in ("peer", "ours"):
                 pair(f"{who}_eager_vs_graphs", f"{variant}-eager-fp8_ds_mla-{who}",

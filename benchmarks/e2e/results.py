@@ -18,8 +18,9 @@ V4_LAYER = {OURS_V4: "DeepseekV4TritonMLAAttention", PEER_V4: "DeepseekV4FlashML
 
 def v4_checks(run: dict[str, Any]) -> list[str]:
     """What a DeepSeek-V4 run must show to count (empty: all of it): every attention layer of its backend's class;
-    ours: calls through our layer (and, with our indexer forced, every indexer ours); FlashMLA's with the attention
-    shadow: shadowed calls, no error, no non-finite."""
+    ours: calls through our layer (and, with our indexer forced, every indexer ours; with the software casts forced,
+    their router installed; with the portable components forced, the mHC prenorm run by ours); FlashMLA's with the
+    attention shadow: shadowed calls, no error, no non-finite."""
     spec = run.get("spec", {})
     backend = spec.get("backend")
     problems = []
@@ -32,6 +33,10 @@ def v4_checks(run: dict[str, Any]) -> list[str]:
     if spec.get("env", {}).get("TRITON_MLA_SPARSE_INDEXER") == "always" and \
             not (indexers.get("triton") and not indexers.get("vllm")):
         problems.append(f"indexers {indexers}: ours forced, yet not every indexer is ours")
+    port = run.get("portable") or {}
+    if spec.get("env", {}).get("TRITON_MLA_SPARSE_DSV4_PORTABLE") == "always" and \
+            not (port.get("installed") and port.get("prenorm_calls", 0) + port.get("captured_calls", 0)):
+        problems.append(f"portable prenorm forced, yet {port}")
     soft = run.get("soft_fp8") or {}
     if spec.get("env", {}).get("TRITON_MLA_SPARSE_SOFT_FP8") == "always" and \
             not (soft.get("installed") and soft.get("mode") == "always"):
@@ -269,21 +274,24 @@ def _shadow_cell(r: dict[str, Any] | None, phase: str) -> str:
 def readme_v4_table(doc: dict[str, Any]) -> str:
     """The README's DeepSeek-V4 table: ours (the plugin's layer) against vLLM's FlashMLA layer per model and mode,
     with vLLM's indexer and with ours forced — agreement cells as in :func:`readme_correctness_table` ("failed"
-    where :func:`v4_checks` fails) —, ours with the software e4m3 casts against ours without (CUDA graphs), the
+    where :func:`v4_checks` fails) —, ours with the software e4m3 casts, and with everything SM 8.x runs instead of
+    vLLM's components, against ours without (CUDA graphs), the
     eager-vs-graphs yardsticks, and, for the eager engines, the attention shadow (in the FlashMLA engine our layer
     recomputes each call: worst relative error per layer kind; in CUDA-graph mode decode replays are not
     shadowed). Columns a results file has no pair for read "—"."""
     lines = ["| model | mode | ours vs FLASHMLA_SPARSE_DSV4 | same, our indexer | ours, soft vs native e4m3 | "
-             "it, eager vs graphs | ours, eager vs graphs | shadow (eager), prefill: window / C4A / C128A | "
-             "shadow (eager), decode |", "|---|---|---|---|---|---|---|---|---|"]
+             "ours, SM 8.x path vs native | it, eager vs graphs | ours, eager vs graphs | "
+             "shadow (eager), prefill: window / C4A / C128A | shadow (eager), decode |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for v in _V4_LABEL:
         for mode in ("eager", "graphs"):
             r = _pair(doc, "vs_peer", v, "fp8_ds_mla", mode, "vllm")
             if r is None:
                 continue
             soft = _cell(_pair(doc, "soft_fp8_vs_native", v, "fp8_ds_mla", mode)) if mode == "graphs" else ""
+            sm8x = _cell(_pair(doc, "sm8x_vs_native", v, "fp8_ds_mla", mode)) if mode == "graphs" else ""
             lines.append(f"| {_V4_LABEL[v]} | {mode} | {_cell(r)} | "
-                         f"{_cell(_pair(doc, 'vs_peer', v, 'fp8_ds_mla', mode, 'ours'))} | {soft} | "
+                         f"{_cell(_pair(doc, 'vs_peer', v, 'fp8_ds_mla', mode, 'ours'))} | {soft} | {sm8x} | "
                          f"{_cell(_pair(doc, 'peer_eager_vs_graphs', v, 'fp8_ds_mla'))} | "
                          f"{_cell(_pair(doc, 'ours_eager_vs_graphs', v, 'fp8_ds_mla'))} | "
                          + (f"{_shadow_cell(r, 'prefill')} | {_shadow_cell(r, 'decode')} |" if mode == "eager"

@@ -152,6 +152,33 @@ class V4CallCounter:
         v4_attention.run_v4_attention = counted
 
 
+class PortableCounter:
+    """Wraps the plugin's portable mHC prenorm (``v4_portable.prenorm_outputs``, DeepSeek-V4's first layer where
+    DeepGEMM is not used): its calls, eager and recorded into CUDA graphs, over the whole engine life."""
+
+    def __init__(self) -> None:
+        self.stats = {"prenorm_calls": 0, "captured_calls": 0}
+
+    def install(self) -> None:
+        import torch
+
+        from triton_mla_sparse.integrations.vllm import v4_portable
+
+        original = v4_portable.prenorm_outputs
+        stats = self.stats
+
+        def counted(x, fn):
+            stats["captured_calls" if x.is_cuda and torch.cuda.is_current_stream_capturing() else "prenorm_calls"] += 1
+            return original(x, fn)
+
+        v4_portable.prenorm_outputs = counted
+
+    def summary(self) -> dict[str, Any]:
+        from triton_mla_sparse.integrations.vllm import v4_portable
+
+        return {**self.stats, "installed": v4_portable.installed()}
+
+
 def shadow_errors(mine, theirs, heads: int, rows: slice) -> dict[str, float]:
     """Our output against vLLM's for ``rows`` and the first ``heads`` heads: the largest relative error of a
     (row, head) vector (2-norm), the largest absolute difference, and how many of our values are not finite."""
@@ -304,6 +331,10 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("shadow_indexer"):
         shadow = IndexerShadow()
         shadow.install()
+    portable = None
+    if spec.get("env", {}).get("TRITON_MLA_SPARSE_DSV4_PORTABLE"):
+        portable = PortableCounter()
+        portable.install()
     attention_shadow = None
     if spec.get("shadow_attention"):
         attention_shadow = AttentionShadow()
@@ -330,6 +361,8 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
     result = {**meta, "generate_s": gen_s, "prompts": rows, "soft_fp8": _soft_fp8_state()}
     if counter:
         result["calls"] = counter.stats
+    if portable:
+        result["portable"] = portable.summary()
     if shadow:
         result["indexer_shadow"] = shadow.summary()
     if attention_shadow:

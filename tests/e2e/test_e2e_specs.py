@@ -50,6 +50,14 @@ def test_matrix_covers_the_issue():
     for p in v4_soft:
         o, q = by_name[p["ours"]], by_name[p["peer"]]
         assert o["env"] == {"TRITON_MLA_SPARSE_SOFT_FP8": "always"} and q["env"] == {} and o["backend"] == q["backend"]
+    # DeepSeek-V4's SM 8.x path forced (every component the plugin runs instead of vLLM's) against ours plain
+    sm8x = [p for p in pairs if p["kind"] == "sm8x_vs_native"]
+    assert {(p["variant"], p["mode"]) for p in sm8x} == {("dsv4-h8", "graphs"), ("dsv4-h64", "graphs")}
+    for p in sm8x:
+        o, q = by_name[p["ours"]], by_name[p["peer"]]
+        assert o["env"] == {"TRITON_MLA_SPARSE_INDEXER": "always", "TRITON_MLA_SPARSE_SOFT_FP8": "always",
+                            "TRITON_MLA_SPARSE_DSV4_PORTABLE": "always"} and q["env"] == {}
+        assert o["backend"] == q["backend"] == OURS_V4 and o.get("count_calls")
 
 
 def test_serving_specs():
@@ -222,6 +230,12 @@ def test_v4_pairs_count_only_with_the_expected_layers_and_a_clean_shadow():
     soft["spec"] = {**soft["spec"], "env": {"TRITON_MLA_SPARSE_SOFT_FP8": "always"}}
     assert v4_checks(soft) == []
     assert v4_checks({**soft, "soft_fp8": {"installed": False, "mode": "off"}}), "casts forced but no router"
+    port = _v4_run(OURS_V4, portable={"prenorm_calls": 2, "captured_calls": 0, "installed": True})
+    port["spec"] = {**port["spec"], "env": {"TRITON_MLA_SPARSE_DSV4_PORTABLE": "always"}}
+    assert v4_checks(port) == []
+    assert v4_checks({**port, "portable": {"prenorm_calls": 0, "captured_calls": 0, "installed": True}}), \
+        "portable prenorm forced but never ran"
+    assert v4_checks({**port, "portable": {"prenorm_calls": 2, "captured_calls": 0, "installed": False}})
     for what, run in bad.items():
         assert v4_checks(run), what
     prompts = [{"length": 17, "tokens": [1, 2], "first_logprobs": {"1": -0.5}, "top2_margins": [0.1, 0.1]}]

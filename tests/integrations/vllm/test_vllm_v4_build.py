@@ -19,15 +19,23 @@ MODULES = {"DeepSeek-V4": "vllm.models.deepseek_v4.nvidia.model",
 # A fragment of each component's line in the error, and the models (and capabilities below which) it blocks.
 FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, CASTS = ("FlashMLA", "fp8_fp4_paged_mqa_logits", "fp8_einsum",
                                                       "tf32_hc_prenorm_gemm", "CuTeDSL", "float8e4nv")
-# DeepSeek-V4's attention is routed to the plugin's layer below SM 9.0: FlashMLA no longer blocks it.
+# DeepSeek-V4's attention is routed to the plugin's layer below SM 9.0: FlashMLA no longer blocks it; with the
+# default switches neither do the indexer, the o_proj einsum, the mHC prenorm and the e4m3 casts (the plugin's
+# indexer, v4_portable, the software casts), so only the compressor stops V4 below SM 8.9. With those three switches
+# off (OFF_ENV) every component blocks again.
 EXPECTED = {
-    ("DeepSeek-V4", (8, 0)): {INDEXER, EINSUM, MHC, COMPRESSOR, CASTS},
-    ("DeepSeek-V4", (8, 6)): {INDEXER, EINSUM, MHC, COMPRESSOR, CASTS},
-    ("DeepSeek-V4", (8, 9)): {INDEXER, EINSUM, MHC},
+    ("DeepSeek-V4", (8, 0)): {COMPRESSOR},
+    ("DeepSeek-V4", (8, 6)): {COMPRESSOR},
     ("DeepSeek-V4.1", (8, 0)): {FLASHMLA, INDEXER, EINSUM, CASTS},
     ("DeepSeek-V4.1", (8, 6)): {FLASHMLA, INDEXER, EINSUM, CASTS},
     ("DeepSeek-V4.1", (8, 9)): {FLASHMLA, INDEXER, EINSUM},
 }
+EXPECTED_OFF = {
+    ("DeepSeek-V4", (8, 0)): {INDEXER, EINSUM, MHC, COMPRESSOR, CASTS},
+    ("DeepSeek-V4", (8, 6)): {INDEXER, EINSUM, MHC, COMPRESSOR, CASTS},
+    ("DeepSeek-V4", (8, 9)): {INDEXER, EINSUM, MHC},
+}
+OFF_ENV = (policy.INDEXER_ENV, policy.DSV4_PORTABLE_ENV, policy.SOFT_FP8_ENV)
 ALL = {FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, CASTS}
 
 
@@ -42,8 +50,10 @@ def models(cuda_platform_module):
 
 @pytest.fixture
 def checked(models, cuda_platform_module, monkeypatch):
-    """The check installed as ``register()`` installs it in a CUDA process; removed afterwards."""
-    monkeypatch.delenv(policy.DSV4_ENV, raising=False)
+    """The check installed as ``register()`` installs it in a CUDA process (default switches); removed
+    afterwards."""
+    for name in (policy.DSV4_ENV, *OFF_ENV):
+        monkeypatch.delenv(name, raising=False)
     with _cuda_platform_for(cuda_platform_module, 9, 0, True):
         assert plugin.install_dsv4_check()
     yield models
@@ -57,22 +67,46 @@ def _select(cuda_mod, module, capability):
         return module._select_dsv4_attn_cls(VllmConfig())
 
 
-@pytest.mark.parametrize("model,capability", sorted(EXPECTED))
-def test_the_build_stops_with_one_error_naming_each_component(checked, cuda_platform_module, model, capability):
+@pytest.mark.parametrize("model,capability,off", [(m, c, False) for m, c in sorted(EXPECTED)]
+                         + [(m, c, True) for m, c in sorted(EXPECTED_OFF)])
+def test_the_build_stops_with_one_error_naming_each_component(checked, cuda_platform_module, monkeypatch, model,
+                                                               capability, off):
+    """Below SM 9.0 one ValueError names each component that still cannot run (``off``: the plugin's indexer,
+    portable o_proj / prenorm and software casts switched off)."""
+    expected = (EXPECTED_OFF if off else EXPECTED)[model, capability]
+    for name in OFF_ENV if off else ():
+        monkeypatch.setenv(name, "off")
     with pytest.raises(ValueError) as info:
         _select(cuda_platform_module, checked[model], capability)
     msg = str(info.value)
     assert msg.startswith(f"triton-mla-sparse: {model} cannot run on this GPU (compute capability "
                           f"{capability[0]}.{capability[1]})")
-    for fragment in EXPECTED[model, capability]:
+    for fragment in expected:
         assert fragment in msg
-    for fragment in ALL - EXPECTED[model, capability]:
+    for fragment in ALL - expected:
         assert fragment not in msg
-    assert msg.count("\n  - ") == len(EXPECTED[model, capability])
+    assert msg.count("\n  - ") == len(expected)
     routed = model == "DeepSeek-V4"
     assert (f"runs the attention of {model} on its own kernels" in msg) == routed
     assert (f"does not route {model} to portable kernels" in msg) == (not routed)
     assert f"{policy.DSV4_ENV}=off" in msg
+
+
+def test_sm89_builds_v4_on_the_plugins_components(checked, cuda_platform_module):
+    """On SM 8.9 with the default switches nothing blocks DeepSeek-V4: the layer is ours, and the first layer's
+    mHC prenorm is wrapped (v4_portable); V4.1 still stops."""
+    from triton_mla_sparse.integrations.vllm import v4_portable
+
+    v4_portable.uninstall()
+    try:
+        got = _select(cuda_platform_module, checked["DeepSeek-V4"], (8, 9))
+        assert got.__name__ == "DeepseekV4TritonMLAAttention"
+        assert v4_portable.installed()
+    finally:
+        v4_portable.uninstall()
+    assert not v4_portable.installed()
+    with pytest.raises(ValueError, match="DeepSeek-V4.1 cannot run"):
+        _select(cuda_platform_module, checked["DeepSeek-V4.1"], (8, 9))
 
 
 def _v4_config(heads=64, window=128, tp=1):
@@ -144,7 +178,7 @@ def test_a_named_backend_is_vllms_choice(checked, cuda_platform_module, monkeypa
 def test_triton_mode_routes_v4_everywhere(checked, cuda_platform_module, monkeypatch, capability):
     monkeypatch.setenv(policy.DSV4_ENV, "triton")
     for model, module in checked.items():
-        if capability < (9, 0):  # the other components still stop the build there
+        if capability < (9, 0) and model == "DeepSeek-V4.1":  # V4.1's components still stop the build there
             with pytest.raises(ValueError, match="cannot run on this GPU"):
                 _select(cuda_platform_module, module, capability)
             continue
@@ -258,8 +292,8 @@ def fake_model(tmp_path, monkeypatch, cuda_platform_module):
 def test_a_module_imported_later_is_wrapped_on_import(fake_model, cuda_platform_module):
     module = importlib.import_module(fake_model)
     assert module._select_dsv4_attn_cls.__wrapped__.__module__ == fake_model
-    with _cuda_platform_for(cuda_platform_module, 8, 9, True):
-        with pytest.raises(ValueError, match="compute capability 8.9"):
+    with _cuda_platform_for(cuda_platform_module, 8, 6, True):  # the compressor stops V4 there
+        with pytest.raises(ValueError, match="compute capability 8.6"):
             module._select_dsv4_attn_cls("cfg")
     with _cuda_platform_for(cuda_platform_module, 10, 0, True):
         assert module._select_dsv4_attn_cls("cfg") == ("picked", "cfg")

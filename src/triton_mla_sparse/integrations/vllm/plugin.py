@@ -79,6 +79,7 @@ from .policy import (
     BACKEND_NAME,
     ROCM_PEER,
     dsv4_mode,
+    dsv4_portable_mode,
     indexer_mode,
     logger,
     place_backend,
@@ -365,12 +366,13 @@ def register() -> None:
     """The ``vllm.general_plugins`` entry point. Idempotent; safe in every vLLM process and on every platform.
 
     Raises ``ValueError`` when ``TRITON_MLA_SPARSE_PRIORITY``, ``TRITON_MLA_SPARSE_INDEXER``,
-    ``TRITON_MLA_SPARSE_SOFT_FP8`` or ``TRITON_MLA_SPARSE_DSV4`` holds a value outside its modes; logs any other
-    failure and returns."""
+    ``TRITON_MLA_SPARSE_SOFT_FP8``, ``TRITON_MLA_SPARSE_DSV4`` or ``TRITON_MLA_SPARSE_DSV4_PORTABLE`` holds a value
+    outside its modes; logs any other failure and returns."""
     priority_mode()  # a bad value stops here, before anything is registered
     indexer_mode()
     soft_fp8_mode()
     dsv4_mode()
+    dsv4_portable_mode()
     try:
         _register_name()
     except Exception:  # never take vLLM's start-up down with us

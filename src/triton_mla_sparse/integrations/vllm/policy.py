@@ -4,7 +4,7 @@ Everything the backend accepts is derived from :mod:`triton_mla_sparse.capabilit
 own up-front check (``sparse_mla_attention``) reads: compute capabilities, q dtypes, head sizes (``D_v`` + each
 ``D_rope``), the model limits (``kv_lora_rank``, ``qk_rope_head_dim``, ``index_topk``, heads per GPU).
 
-The four environment variables are read through :func:`env_mode` only. Unset or empty means the default mode;
+The five environment variables are read through :func:`env_mode` only. Unset or empty means the default mode;
 the value is compared without case or surrounding spaces; any other value raises ``ValueError`` naming the variable
 and its modes (so :func:`~triton_mla_sparse.integrations.vllm.register` stops vLLM's start-up with that message):
 
@@ -19,7 +19,10 @@ and its modes (so :func:`~triton_mla_sparse.integrations.vllm.register` stops vL
   where vLLM 0.33 has none that runs (``auto``: SM 12.x without FlashInfer's V4 kernels; below SM 9.0 too, where the
   build still stops) or on every CUDA GPU from SM 8.0 (``triton``), and a build that stops with one ``ValueError``
   naming the components that still cannot run; ``off``: left to vLLM (it then fails inside the kernels at run
-  time); see :mod:`triton_mla_sparse.integrations.vllm.v4`.
+  time); see :mod:`triton_mla_sparse.integrations.vllm.v4`;
+* ``TRITON_MLA_SPARSE_DSV4_PORTABLE`` = ``auto`` | ``always`` | ``off``: DeepSeek-V4's o_proj einsum and first-layer
+  mHC prenorm on portable code where DeepGEMM is not supported (``auto``), everywhere (``always``) or nowhere; see
+  :mod:`triton_mla_sparse.integrations.vllm.v4_portable`.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ __all__ = [
     "SOFT_FP8_MODES",
     "DSV4_ENV",
     "DSV4_MODES",
+    "DSV4_PORTABLE_ENV",
+    "DSV4_PORTABLE_MODES",
     "SM120_PEER",
     "FASTEST_FIRST",
     "ROCM_PEER",
@@ -56,6 +61,7 @@ __all__ = [
     "indexer_mode",
     "soft_fp8_mode",
     "dsv4_mode",
+    "dsv4_portable_mode",
     "warn_once",
     "batch_invariant",
     "model_reasons",
@@ -78,11 +84,14 @@ SOFT_FP8_ENV = "TRITON_MLA_SPARSE_SOFT_FP8"
 SOFT_FP8_MODES = ("auto", "always", "off")
 DSV4_ENV = "TRITON_MLA_SPARSE_DSV4"
 DSV4_MODES = ("auto", "triton", "off")
+DSV4_PORTABLE_ENV = "TRITON_MLA_SPARSE_DSV4_PORTABLE"
+DSV4_PORTABLE_MODES = ("auto", "always", "off")
 _ENV_MODES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     PRIORITY_ENV: (PRIORITY_MODES, {"auto": "default"}),
     INDEXER_ENV: (INDEXER_MODES, {}),
     SOFT_FP8_ENV: (SOFT_FP8_MODES, {}),
     DSV4_ENV: (DSV4_MODES, {}),
+    DSV4_PORTABLE_ENV: (DSV4_PORTABLE_MODES, {}),
 }
 #: The one vLLM sparse backend that precedes ours on SM 12.x.
 SM120_PEER = "FLASHINFER_MLA_SPARSE_SM120"
@@ -129,7 +138,7 @@ def warn_once(key: str, msg: str, *args: object) -> None:
 
 def env_mode(name: str) -> str:
     """The mode set by environment variable ``name`` (:data:`PRIORITY_ENV`, :data:`INDEXER_ENV`,
-    :data:`SOFT_FP8_ENV` or :data:`DSV4_ENV`); see the module docstring. Raises ``ValueError`` for a value that is
+    :data:`SOFT_FP8_ENV`, :data:`DSV4_ENV` or :data:`DSV4_PORTABLE_ENV`); see the module docstring. Raises ``ValueError`` for a value that is
     not one of the variable's modes."""
     modes, aliases = _ENV_MODES[name]
     raw = os.environ.get(name, "").strip().lower()
@@ -154,6 +163,12 @@ def indexer_mode() -> str:
 def soft_fp8_mode() -> str:
     """The software-e4m3 mode from ``TRITON_MLA_SPARSE_SOFT_FP8`` (:func:`env_mode`)."""
     return env_mode(SOFT_FP8_ENV)
+
+
+def dsv4_portable_mode() -> str:
+    """``TRITON_MLA_SPARSE_DSV4_PORTABLE``: where DeepSeek-V4's o_proj einsum and first-layer mHC prenorm run on
+    portable code (:mod:`.v4_portable`)."""
+    return env_mode(DSV4_PORTABLE_ENV)
 
 
 def dsv4_mode() -> str:

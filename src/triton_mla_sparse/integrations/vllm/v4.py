@@ -10,9 +10,10 @@ lowest compute capability it runs on.
 
 Where :func:`routes_attention` says so, the wrapper returns this package's V4 attention layer
 (:func:`.v4_attention.triton_attention_cls`: both caches and the sink read by the Triton kernels) instead of vLLM's
-class, and the attention row no longer blocks; the other rows still do (no portable path of ours yet), so below
-SM 9.0 the build still stops and the layer is built in practice on SM 12.x without FlashInfer's V4 kernels (and,
-with ``triton``, on 9.x / 10.x / 12.x). DeepSeek-V4 only: V4.1's layer is vLLM's everywhere. A backend named with
+class, and the attention row no longer blocks; nor do the rows the plugin's other switches take over there
+(:func:`taken_components`: the Triton indexer on V4's compressed cache, the portable o_proj and mHC prenorm of
+:mod:`.v4_portable`, the software e4m3 casts). So on SM 8.9 nothing blocks DeepSeek-V4 with the default switches,
+and on SM 8.0 / 8.6 the CuTeDSL compressor still does. DeepSeek-V4 only: V4.1's layer is vLLM's everywhere. A backend named with
 ``--attention-backend`` is vLLM's to honour: ``auto`` then leaves the choice to vLLM, ``triton`` refuses the
 combination.
 
@@ -41,15 +42,17 @@ import importlib.abc
 import importlib.machinery
 import inspect
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from types import ModuleType
 from typing import Any
 
-from .policy import DSV4_ENV, DSV4_MODES, dsv4_mode, logger, warn_once
+from .policy import (DSV4_ENV, DSV4_MODES, dsv4_mode, dsv4_portable_mode, indexer_mode, logger, soft_fp8_mode,
+                     warn_once)
 
-__all__ = ["Component", "COMPONENTS", "ATTENTION", "MODEL_MODULES", "HOOK_NAME", "EXPECTED_HOOK_PARAMS",
-           "blocking_components", "error_message", "check_capability", "routes_attention", "flashinfer_sm120_ready",
-           "wrap_module", "install", "uninstall", "installed_modules"]
+__all__ = ["Component", "COMPONENTS", "ATTENTION", "INDEXER", "EINSUM", "PRENORM", "CASTS", "MODEL_MODULES",
+           "HOOK_NAME", "EXPECTED_HOOK_PARAMS", "taken_components", "blocking_components", "error_message",
+           "check_capability", "routes_attention", "flashinfer_sm120_ready", "wrap_module", "install", "uninstall",
+           "installed_modules"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,21 +89,23 @@ COMPONENTS: tuple[Component, ...] = (
         "DeepGEMM runs on arch 9/10/12 only. The plugin's Triton indexer (integrations.vllm.indexer) takes V4's "
         "compressed FP8 indexer cache (compress_ratio 4, the C4A layers' DeepseekV4Indexer; run in a live V4 engine "
         "on an H200 with TRITON_MLA_SPARSE_INDEXER=always); it rejects the MXFP4 "
-        "indexer cache and V4.1's two-level candidate blocks at construction. The row's minimum is left as it "
-        "is while other rows still stop V4 below SM 9.0."),
+        "indexer cache and V4.1's two-level candidate blocks at construction."),
     Component(
         "o_proj fp8 einsum (DeepGEMM fp8_einsum)",
         "vllm.utils.deep_gemm.fp8_einsum",
         (9, 0), (V4, V41),
         "vllm.models.deepseek_v4.nvidia.ops.o_proj.deep_gemm_fp8_o_proj: the grouped wo_a projection of every "
-        "attention layer (FlashMLA and FlashInfer classes); no fallback in vLLM."),
+        "attention layer (FlashMLA and FlashInfer classes); no fallback in vLLM for e4m3 weights (below SM 9.0 "
+        "Marlin repacks wo_a). The plugin's V4 layer dequantizes wo_a to bf16 after loading, so vLLM's bf16 branch "
+        "runs (v4_portable.route_wo_a)."),
     Component(
         "mHC first-layer prenorm GEMM (DeepGEMM tf32_hc_prenorm_gemm)",
         "vllm.utils.deep_gemm.tf32_hc_prenorm_gemm",
         (9, 0), (V4,),
         "vllm.model_executor.kernels.mhc.tilelang.mhc_pre_broadcast_tilelang (V4's first layer) passes "
         "use_tilelang_fallback=False; the other layers (and V4.1's mhc_pre_delayed_tilelang) fall back to "
-        "TileLang where DeepGEMM is unsupported."),
+        "TileLang where DeepGEMM is unsupported. The plugin computes that call's GEMM and sum of squares in "
+        "float32 torch (v4_portable.install)."),
     Component(
         "KV compressor (CuTeDSL)",
         "vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl",
@@ -117,13 +122,15 @@ COMPONENTS: tuple[Component, ...] = (
         "(head-512 sparse-attn compressor stores, head-128 indexer compressor), fused_indexer_q and "
         "fused_inv_rope_fp8_quant; compile-tested for sm80/sm86 (no e4m3 conversion left) and forced in a live "
         "V4 engine on an H200 (first-token logprobs within the engines' eager-vs-graphs drift of the hardware "
-        "casts), not run on an SM 8.x GPU; the row still blocks while the compressor row does. V4.1's own ops "
+        "casts), not run on an SM 8.x GPU. V4.1's own ops "
         "(deepseek_v41.common.ops cache_utils, fused_compress_quant_cache, indexer_k_store; "
         "deepseek_v41.common.engram) are not routed."),
 )
 
 #: The attention row: routed to this package's layer (not blocking) wherever :func:`routes_attention` holds.
 ATTENTION = COMPONENTS[0]
+#: The rows :func:`taken_components` may take over where the attention is routed.
+INDEXER, EINSUM, PRENORM, CASTS = COMPONENTS[1], COMPONENTS[2], COMPONENTS[3], COMPONENTS[5]
 
 #: vLLM 0.33's CUDA model modules whose ``_select_dsv4_attn_cls`` every decoder layer calls, and their model.
 MODEL_MODULES: dict[str, str] = {
@@ -142,14 +149,34 @@ def _cap(capability: Any) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def taken_components(model: str) -> tuple[Component, ...]:
+    """The components besides the attention that this package takes over for ``model`` where its attention layer
+    runs, by the plugin's switches: DeepSeek-V4's indexer logits (``TRITON_MLA_SPARSE_INDEXER`` not ``off``: ``auto``
+    picks the Triton indexer wherever DeepGEMM cannot run), its o_proj einsum and first-layer mHC prenorm
+    (``TRITON_MLA_SPARSE_DSV4_PORTABLE`` not ``off``: :mod:`.v4_portable`), its Triton kernels' e4m3 casts
+    (``TRITON_MLA_SPARSE_SOFT_FP8`` not ``off``). None for V4.1 (its layer, indexer candidates and ops are
+    vLLM's)."""
+    if model != V4:
+        return ()
+    taken = []
+    if indexer_mode() != "off":
+        taken.append(INDEXER)
+    if dsv4_portable_mode() != "off":
+        taken += [EINSUM, PRENORM]
+    if soft_fp8_mode() != "off":
+        taken.append(CASTS)
+    return tuple(taken)
+
+
 def blocking_components(capability: Any, model: str = V4, components: Sequence[Component] = COMPONENTS,
-                        routed: bool = False) -> list[Component]:
+                        routed: bool = False, taken: Collection[Component] = ()) -> list[Component]:
     """The components of ``model``'s path (:data:`COMPONENTS` by default) that do not run at ``capability``
     (a ``DeviceCapability`` or a ``(major, minor)`` pair); ``routed``: the attention runs on this package's layer
-    (:data:`ATTENTION` does not block)."""
+    (:data:`ATTENTION` does not block); ``taken``: other components this package runs instead (e.g.
+    :func:`taken_components`), which do not block either."""
     cap = _cap(capability)
     return [c for c in components if model in c.models and cap < c.min_capability
-            and not (routed and c is ATTENTION)]
+            and not (routed and c is ATTENTION) and c not in taken]
 
 
 def error_message(capability: Any, model: str, blocking: Sequence[Component], routed: bool = False) -> str:
@@ -170,12 +197,14 @@ def error_message(capability: Any, model: str, blocking: Sequence[Component], ro
     return "\n".join(lines)
 
 
-def check_capability(capability: Any, model: str, routed: bool = False) -> None:
+def check_capability(capability: Any, model: str, routed: bool = False,
+                     taken: Collection[Component] = ()) -> None:
     """Raise the build error (``ValueError``) when a component of ``model`` does not run at ``capability``
-    (``routed``: the attention runs on this package's layer); None (capability unknown) passes."""
+    (``routed``: the attention runs on this package's layer; ``taken``: components it runs instead of vLLM's);
+    None (capability unknown) passes."""
     if capability is None:
         return
-    blocking = blocking_components(capability, model, routed=routed)
+    blocking = blocking_components(capability, model, routed=routed, taken=taken)
     if blocking:
         raise ValueError(error_message(capability, model, blocking, routed))
 
@@ -237,10 +266,14 @@ def _make_wrapper(original: Callable[..., Any], module: ModuleType, model: str) 
         if platform.is_cuda():
             capability = platform.get_device_capability()
             routed = routes_attention(capability, model, dsv4_mode(), vllm_config)
-            check_capability(capability, model, routed)
+            check_capability(capability, model, routed, taken_components(model) if routed else ())
             if routed:
                 from .v4_attention import triton_attention_cls
 
+                if dsv4_portable_mode() != "off":  # the first layer's mHC prenorm (the layer routes its o_proj)
+                    from .v4_portable import install as install_portable
+
+                    install_portable()
                 return triton_attention_cls()
         return original(vllm_config)
 

@@ -10,7 +10,8 @@ chosen by the indexer, C128A every compressed entry) — with one softmax and th
 ``bfloat16`` for such a layer), read in place as ``fp8_ds_mla_v4``; any head count runs unpadded. The metadata it
 reads is the FlashInfer path's (the same backend classes: decode and prefill window indices in the window cache's slots, global
 compressed slots from ``compute_global_topk_indices_and_lens``); the output projection is vLLM's
-(``deep_gemm_fp8_o_proj``, as both of vLLM's classes call it).
+(``deep_gemm_fp8_o_proj``, as both of vLLM's classes call it), with an e4m3 ``wo_a`` dequantized to bf16 after
+loading where DeepGEMM's einsum cannot run (:func:`.v4_portable.route_wo_a`).
 
 Importing this module imports neither vLLM nor CUDA; :func:`triton_attention_cls` imports vLLM.
 """
@@ -64,6 +65,8 @@ def triton_attention_cls() -> type:
     from vllm.models.deepseek_v4.nvidia import flashinfer_sparse as fi
     from vllm.models.deepseek_v4.nvidia.ops.o_proj import compute_fp8_einsum_recipe, deep_gemm_fp8_o_proj
 
+    from .v4_portable import route_wo_a
+
     class DeepseekV4TritonMLAAttention(DeepseekV4Attention):
         """DeepSeek-V4 sparse MLA attention on triton-mla-sparse's kernels (every GPU they support; no head
         padding)."""
@@ -79,6 +82,7 @@ def triton_attention_cls() -> type:
         def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
             super().__init__(vllm_config, *args, **kwargs)
             self._einsum_recipe, self._tma_aligned_scales = compute_fp8_einsum_recipe()
+            route_wo_a(self.wo_a)  # e4m3 wo_a as bf16 where DeepGEMM's einsum cannot run
 
         def _o_proj(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             return deep_gemm_fp8_o_proj(

@@ -1,0 +1,150 @@
+"""Portable stand-ins for the two DeepGEMM calls of vLLM 0.33's DeepSeek-V4 path that have no fallback below SM 9.0.
+
+* **The o_proj fp8 einsum** (``deep_gemm_fp8_o_proj``: inverse RoPE, then DeepGEMM's ``fp8_einsum`` over the
+  grouped ``wo_a``). vLLM's own function already has a bf16 branch (``fused_inv_rope_fp8_quant(..., quantize=False)``
+  then ``torch.bmm``), taken when ``wo_a.weight`` is not e4m3. Below SM 9.0 vLLM would hand ``wo_a`` to Marlin, whose
+  weight repack makes it unusable there; :func:`dequantize_wo_a` takes the layer's place in
+  ``process_weights_after_loading``: it turns the 128 × 128 block-scaled e4m3 weight into bf16 once (twice the fp8
+  bytes of ``wo_a``; ``wo_b`` stays vLLM's), so vLLM's bf16 branch runs. Installed per layer by this package's V4
+  attention layer (:func:`route_wo_a`).
+* **V4's first-layer mHC prenorm GEMM** (``mhc_pre_broadcast_tilelang`` asks ``_hc_prenorm_gemm_outputs`` for
+  DeepGEMM's ``tf32_hc_prenorm_gemm`` with ``use_tilelang_fallback=False``, whatever the GPU). :func:`install`
+  wraps that function: such calls get ``out = x·fnᵀ`` and ``sqrsum = Σ x²`` in float32 torch, one split (the
+  TileLang kernel that consumes them reads the split count from the tensors); every other call is vLLM's.
+
+Where (``TRITON_MLA_SPARSE_DSV4_PORTABLE``): ``auto`` (default) where vLLM's ``is_deep_gemm_supported()`` is false
+(SM 8.x), ``always`` on every GPU (to compare the two on one that has DeepGEMM), ``off`` never — then
+:mod:`.v4`'s build check counts both components as blocking below SM 9.0. Importing this module imports neither
+vLLM nor CUDA.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from .policy import dsv4_portable_mode, warn_once
+
+__all__ = ["BLOCK", "PRENORM_MODULE", "PRENORM_HOOK", "dequantize_block_fp8", "dequantize_wo_a", "install",
+           "installed", "portable_wanted", "prenorm_outputs", "route_wo_a", "uninstall"]
+
+BLOCK = 128  # DeepSeek-V4's fp8 weights: one scale per 128 x 128 block
+PRENORM_MODULE = "vllm.model_executor.kernels.mhc.tilelang"
+PRENORM_HOOK = "_hc_prenorm_gemm_outputs"
+_MARK = "_triton_mla_sparse_portable_prenorm"
+
+
+def portable_wanted(mode: str | None = None) -> bool:
+    """Whether the portable stand-ins run in this process: ``always``; ``auto`` where DeepGEMM is not supported
+    (vLLM's ``is_deep_gemm_supported``, which imports vLLM); never with ``off``."""
+    mode = dsv4_portable_mode() if mode is None else mode
+    if mode == "off":
+        return False
+    if mode == "always":
+        return True
+    from vllm.utils.deep_gemm import is_deep_gemm_supported
+
+    return not is_deep_gemm_supported()
+
+
+def dequantize_block_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16
+                         ) -> torch.Tensor:
+    """``weight`` e4m3 ``[N, K]`` times its block scales ``scale`` ``[ceil(N/128), ceil(K/128)]`` (float32 or
+    UE8M0 ``float8_e8m0fnu``), as ``dtype``: the weight DeepGEMM's einsum multiplies by."""
+    n, k = weight.shape
+    if scale.dim() != 2 or scale.shape[0] * BLOCK < n or scale.shape[1] * BLOCK < k:
+        raise ValueError(f"scale: expected [ceil({n}/{BLOCK}), ceil({k}/{BLOCK})] block scales for a weight "
+                         f"[{n}, {k}], got {tuple(scale.shape)}")
+    s = scale.to(torch.float32).repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
+    return (weight.to(torch.float32) * s).to(dtype)
+
+
+def dequantize_wo_a(layer: torch.nn.Module) -> None:
+    """``process_weights_after_loading`` for a V4 ``wo_a`` with e4m3 block weights: its weight as bf16 (a new
+    parameter; the e4m3 one and its scales are dropped), so that ``deep_gemm_fp8_o_proj`` takes its bf16 branch.
+    A weight that is not e4m3 is left alone."""
+    weight = layer.weight
+    if weight.dtype != torch.float8_e4m3fn:
+        return
+    scale = getattr(layer, "weight_scale_inv", None)
+    if scale is None:
+        scale = getattr(layer, "weight_scale", None)
+    if scale is None:
+        raise ValueError("wo_a: an e4m3 weight without block scales (weight_scale_inv / weight_scale)")
+    layer.weight = torch.nn.Parameter(dequantize_block_fp8(weight.data, scale.data), requires_grad=False)
+    for name in ("weight_scale_inv", "weight_scale", "input_scale"):
+        if hasattr(layer, name):
+            delattr(layer, name)
+
+
+def route_wo_a(wo_a: torch.nn.Module) -> bool:
+    """Make ``wo_a``'s quant method dequantize its weight to bf16 after loading instead of vLLM's processing (e.g.
+    Marlin's repack below SM 9.0) — when :func:`portable_wanted` and its weight is created e4m3 (an fp8
+    checkpoint). Returns whether it did."""
+    method = getattr(wo_a, "quant_method", None)
+    weight = getattr(wo_a, "weight", None)
+    if method is None or weight is None or weight.dtype != torch.float8_e4m3fn or not portable_wanted():
+        return False
+    method.process_weights_after_loading = dequantize_wo_a  # this layer's method object only
+    return True
+
+
+def prenorm_outputs(x: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What ``tf32_hc_prenorm_gemm`` leaves with one split: ``out`` float32 ``[1, T, fn rows] = x·fnᵀ`` and
+    ``sqrsum`` float32 ``[1, T] = Σ x²`` (in float32: no TF32 rounding)."""
+    xf = x.to(torch.float32)
+    return (xf @ fn.to(torch.float32).T).unsqueeze(0), xf.square().sum(-1).unsqueeze(0)
+
+
+def _wrap(original: Any) -> Any:
+    @functools.wraps(original)
+    def _hc_prenorm_gemm_outputs(x: torch.Tensor, fn: torch.Tensor, *, hidden_size: int, hc_mult: int,
+                                 use_tilelang_fallback: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        if not use_tilelang_fallback and portable_wanted():
+            return prenorm_outputs(x, fn)
+        return original(x, fn, hidden_size=hidden_size, hc_mult=hc_mult,
+                        use_tilelang_fallback=use_tilelang_fallback)
+
+    setattr(_hc_prenorm_gemm_outputs, _MARK, original)
+    return _hc_prenorm_gemm_outputs
+
+
+def install() -> bool:
+    """Wrap vLLM's ``_hc_prenorm_gemm_outputs`` (idempotent; imports the module, which needs neither CUDA nor
+    TileLang). Returns whether the wrapper is in place; a missing function logs one warning."""
+    import importlib
+
+    try:
+        module = importlib.import_module(PRENORM_MODULE)
+    except ImportError as e:
+        warn_once("prenorm-import", "triton-mla-sparse: %s does not import (%s); V4's first-layer mHC prenorm "
+                  "keeps DeepGEMM.", PRENORM_MODULE, e)
+        return False
+    current = getattr(module, PRENORM_HOOK, None)
+    if current is None:
+        warn_once("prenorm-missing", "triton-mla-sparse: %s.%s is missing (not vLLM 0.33); V4's first-layer mHC "
+                  "prenorm keeps DeepGEMM.", PRENORM_MODULE, PRENORM_HOOK)
+        return False
+    if not hasattr(current, _MARK):
+        setattr(module, PRENORM_HOOK, _wrap(current))
+    return True
+
+
+def installed() -> bool:
+    """Whether the prenorm wrapper is in place (without importing the module)."""
+    import sys
+
+    module = sys.modules.get(PRENORM_MODULE)
+    return module is not None and hasattr(getattr(module, PRENORM_HOOK, None), _MARK)
+
+
+def uninstall() -> None:
+    """Put vLLM's function back (for tests)."""
+    import sys
+
+    module = sys.modules.get(PRENORM_MODULE)
+    current = getattr(module, PRENORM_HOOK, None) if module is not None else None
+    if current is not None and hasattr(current, _MARK):
+        setattr(module, PRENORM_HOOK, getattr(current, _MARK))

@@ -1,0 +1,174 @@
+"""DeepSeek-V4's portable o_proj and first-layer mHC prenorm (:mod:`triton_mla_sparse.integrations.vllm.v4_portable`)
+against the real vLLM 0.33.0: the block dequantization against a block-by-block statement, the plugin's V4 layer
+built by vLLM from an fp8 checkpoint config (capability 8.9 simulated) taking ``wo_a`` over after loading, and the
+prenorm wrapper on vLLM's own module."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from triton_mla_sparse.integrations.vllm import policy, v4_portable
+
+
+def _blockwise(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The 128 x 128 block dequantization, one block at a time."""
+    out = torch.empty(weight.shape, dtype=torch.float32)
+    for i in range(0, weight.shape[0], 128):
+        for j in range(0, weight.shape[1], 128):
+            out[i:i + 128, j:j + 128] = weight[i:i + 128, j:j + 128].float() * scale[i // 128, j // 128].float()
+    return out.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float8_e8m0fnu])
+@pytest.mark.parametrize("shape", [(256, 512), (300, 200)])
+def test_block_dequantization(shape, scale_dtype):
+    g = torch.Generator().manual_seed(shape[0])
+    weight = (torch.randn(shape, generator=g) * 100).to(torch.float8_e4m3fn)
+    blocks = (-(-shape[0] // 128), -(-shape[1] // 128))
+    scale = torch.exp2(torch.randint(-12, 4, blocks, generator=g).float())
+    if scale_dtype == torch.float32:
+        scale = scale * (1 + torch.rand(blocks, generator=g))  # any float32 scale
+    scale = scale.to(scale_dtype)
+    got = v4_portable.dequantize_block_fp8(weight, scale)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, _blockwise(weight, scale))
+    with pytest.raises(ValueError, match="block scales"):
+        v4_portable.dequantize_block_fp8(weight, scale[:1])
+
+
+def test_dequantize_wo_a_replaces_the_weight_and_drops_the_scales():
+    layer = torch.nn.Module()
+    weight = torch.randn(256, 128).to(torch.float8_e4m3fn)
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    layer.weight_scale_inv = torch.nn.Parameter(torch.tensor([[0.5], [4.0]]), requires_grad=False)
+    v4_portable.dequantize_wo_a(layer)
+    assert layer.weight.dtype == torch.bfloat16 and not hasattr(layer, "weight_scale_inv")
+    assert torch.equal(layer.weight, _blockwise(weight, torch.tensor([[0.5], [4.0]])))
+    before = layer.weight
+    v4_portable.dequantize_wo_a(layer)  # bf16 already: left alone
+    assert layer.weight is before
+    bare = torch.nn.Module()
+    bare.weight = torch.nn.Parameter(weight, requires_grad=False)
+    with pytest.raises(ValueError, match="without block scales"):
+        v4_portable.dequantize_wo_a(bare)
+
+
+_BUILD = r'''
+import json, os, socket, sys, tempfile
+import torch
+from transformers import DeepseekV4Config
+
+import vllm.platforms.cuda as cuda_mod
+from triton_mla_sparse.integrations.vllm import register, v4_portable
+from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
+from triton_mla_sparse.integrations.vllm.v4_attention import triton_attention_cls
+
+d = tempfile.mkdtemp()
+DeepseekV4Config(hidden_size=1024, num_attention_heads=8, q_lora_rank=256, o_lora_rank=256, o_groups=8,
+                 num_hidden_layers=2, layer_types=["compressed_sparse_attention", "heavily_compressed_attention"],
+                 mlp_layer_types=["moe", "moe"], n_routed_experts=16, num_experts_per_tok=2, moe_intermediate_size=256,
+                 vocab_size=2048, max_position_embeddings=8192, architectures=["DeepseekV4ForCausalLM"],
+                 quantization_config={"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": [128, 128]},
+                 torch_dtype="bfloat16").save_pretrained(d)
+register()
+with _cuda_platform_for(cuda_mod, 8, 9, True):
+    from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    vc = VllmConfig(model_config=ModelConfig(model=d, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=4096),
+                    cache_config=CacheConfig(cache_dtype="fp8"))
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    with set_current_vllm_config(vc):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
+        initialize_model_parallel(1, 1)
+        # the window-only layer (the compressed ones allocate their compressor's state on CUDA)
+        layer = triton_attention_cls()(vc, prefix="model.layers.2.attn")
+    wo_a, wo_b = layer.wo_a, layer.wo_b
+    out = dict(quant=type(vc.quant_config).__name__, dtype=str(wo_a.weight.dtype), shape=list(wo_a.weight.shape),
+               routed=wo_a.quant_method.process_weights_after_loading is v4_portable.dequantize_wo_a,
+               wo_b_routed="process_weights_after_loading" in vars(wo_b.quant_method))
+    if out["routed"]:  # what vLLM's loader does after loading: the layer's quant method processes its weights
+        g = torch.Generator().manual_seed(0)
+        w = (torch.randn(wo_a.weight.shape, generator=g) * 50).to(torch.float8_e4m3fn)
+        s = torch.exp2(torch.randint(-10, 2, wo_a.weight_scale_inv.shape, generator=g).float())
+        wo_a.weight.data.copy_(w)
+        wo_a.weight_scale_inv.data.copy_(s.to(wo_a.weight_scale_inv.dtype))
+        wo_a.quant_method.process_weights_after_loading(wo_a)
+        want = (w.float() * s.repeat_interleave(128, 0).repeat_interleave(128, 1)).to(torch.bfloat16)
+        out.update(after=str(wo_a.weight.dtype), equal=bool(torch.equal(wo_a.weight, want)),
+                   scales_left=hasattr(wo_a, "weight_scale_inv"),
+                   # vLLM's deep_gemm_fp8_o_proj takes its bf16 branch on this weight: groups x rank x width
+                   grouped=list(wo_a.weight.view(layer.n_local_groups, layer.o_lora_rank, -1).shape))
+    print(json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_an_fp8_v4_layer_takes_wo_a_over_after_loading(cuda_platform_module, tmp_path, mode):
+    """vLLM builds the plugin's V4 layer from an fp8 (128 x 128 block) checkpoint config at capability 8.9 (in a
+    child process): ``wo_a`` is created e4m3 with UE8M0 block scales and, with ``TRITON_MLA_SPARSE_DSV4_PORTABLE``
+    ``auto`` (no DeepGEMM there), its quant method's post-load step is the dequantization — the weight becomes the
+    bf16 product, the scales go, vLLM's bf16 branch can group it; ``wo_b`` stays vLLM's; ``off`` leaves wo_a to
+    vLLM."""
+    script = tmp_path / "build.py"
+    script.write_text(_BUILD)
+    env = {**__import__("os").environ, "TRITON_MLA_SPARSE_DSV4": "triton", policy.DSV4_PORTABLE_ENV: mode}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                          cwd=str(tmp_path), env=env)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    got = json.loads(lines[-1])
+    assert (got["quant"], got["dtype"], got["shape"]) == ("DeepseekV4FP8Config", "torch.float8_e4m3fn", [2048, 512])
+    assert got["routed"] == (mode == "auto") and not got["wo_b_routed"]
+    if mode == "auto":
+        assert (got["after"], got["equal"], got["scales_left"]) == ("torch.bfloat16", True, False)
+        assert got["grouped"] == [8, 256, 512]
+
+
+@pytest.fixture
+def prenorm(monkeypatch):
+    """vLLM's mHC module with a stand-in for its DeepGEMM / TileLang prenorm (recording its calls), wrapped."""
+    import importlib
+
+    module = importlib.import_module(v4_portable.PRENORM_MODULE)
+    v4_portable.uninstall()
+    calls = []
+
+    def vllms(x, fn, *, hidden_size, hc_mult, use_tilelang_fallback=True):
+        calls.append(use_tilelang_fallback)
+        return "vllm"
+
+    monkeypatch.setattr(module, v4_portable.PRENORM_HOOK, vllms)
+    assert v4_portable.install() and v4_portable.install() and v4_portable.installed()
+    yield getattr(module, v4_portable.PRENORM_HOOK), calls
+    v4_portable.uninstall()
+    assert getattr(module, v4_portable.PRENORM_HOOK) is vllms
+
+
+@pytest.mark.parametrize("mode", ["always", "auto", "off"])
+def test_the_prenorm_wrapper_takes_only_the_forced_deepgemm_call(prenorm, monkeypatch, mode):
+    """``use_tilelang_fallback=False`` (V4's first layer) gets float32 x·fnᵀ and Σx² in one split where the
+    stand-ins run (``always``; ``auto`` here: no DeepGEMM on this machine); every other call, and every call with
+    ``off``, is vLLM's."""
+    wrapped, calls = prenorm
+    monkeypatch.setenv(policy.DSV4_PORTABLE_ENV, mode)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 256, generator=g).to(torch.bfloat16)
+    fn = torch.randn(24, 256, generator=g)
+    assert wrapped(x, fn, hidden_size=256, hc_mult=4) == "vllm"
+    got = wrapped(x, fn, hidden_size=256, hc_mult=4, use_tilelang_fallback=False)
+    if mode == "off":
+        assert got == "vllm" and calls == [True, False]
+        return
+    out, sqrsum = got
+    assert calls == [True]
+    assert out.shape == (1, 5, 24) and sqrsum.shape == (1, 5) and out.dtype == sqrsum.dtype == torch.float32
+    xd = x.double()
+    torch.testing.assert_close(out[0].double(), xd @ fn.double().T, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(sqrsum[0].double(), xd.square().sum(-1), rtol=1e-6, atol=1e-5)
