@@ -279,10 +279,11 @@ def readme_v4_table(doc: dict[str, Any]) -> str:
     eager-vs-graphs yardsticks, and, for the eager engines, the attention shadow (in the FlashMLA engine our layer
     recomputes each call: worst relative error per layer kind; in CUDA-graph mode decode replays are not
     shadowed). Columns a results file has no pair for read "—"."""
+    sm8x_run = any(r["kind"] == "sm8x_vs_native" for r in doc.get("correctness", []))  # a column once it ran
     lines = ["| model | mode | ours vs FLASHMLA_SPARSE_DSV4 | same, our indexer | ours, soft vs native e4m3 | "
-             "ours, SM 8.x path vs native | it, eager vs graphs | ours, eager vs graphs | "
-             "shadow (eager), prefill: window / C4A / C128A | shadow (eager), decode |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             + ("ours, SM 8.x path vs native | " if sm8x_run else "")
+             + "it, eager vs graphs | ours, eager vs graphs | shadow (eager), prefill: window / C4A / C128A | "
+             "shadow (eager), decode |", "|---|---|---|---|---|---|---|---|---|" + ("---|" if sm8x_run else "")]
     for v in _V4_LABEL:
         for mode in ("eager", "graphs"):
             r = _pair(doc, "vs_peer", v, "fp8_ds_mla", mode, "vllm")
@@ -291,7 +292,8 @@ def readme_v4_table(doc: dict[str, Any]) -> str:
             soft = _cell(_pair(doc, "soft_fp8_vs_native", v, "fp8_ds_mla", mode)) if mode == "graphs" else ""
             sm8x = _cell(_pair(doc, "sm8x_vs_native", v, "fp8_ds_mla", mode)) if mode == "graphs" else ""
             lines.append(f"| {_V4_LABEL[v]} | {mode} | {_cell(r)} | "
-                         f"{_cell(_pair(doc, 'vs_peer', v, 'fp8_ds_mla', mode, 'ours'))} | {soft} | {sm8x} | "
+                         f"{_cell(_pair(doc, 'vs_peer', v, 'fp8_ds_mla', mode, 'ours'))} | {soft} | "
+                         + (f"{sm8x} | " if sm8x_run else "") +
                          f"{_cell(_pair(doc, 'peer_eager_vs_graphs', v, 'fp8_ds_mla'))} | "
                          f"{_cell(_pair(doc, 'ours_eager_vs_graphs', v, 'fp8_ds_mla'))} | "
                          + (f"{_shadow_cell(r, 'prefill')} | {_shadow_cell(r, 'decode')} |" if mode == "eager"

@@ -17,26 +17,29 @@ from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
 MODULES = {"DeepSeek-V4": "vllm.models.deepseek_v4.nvidia.model",
            "DeepSeek-V4.1": "vllm.models.deepseek_v41.nvidia.model"}
 # A fragment of each component's line in the error, and the models (and capabilities below which) it blocks.
-FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, CASTS = ("FlashMLA", "fp8_fp4_paged_mqa_logits", "fp8_einsum",
-                                                      "tf32_hc_prenorm_gemm", "CuTeDSL", "float8e4nv")
+FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, INDEXQ, CASTS = (
+    "FlashMLA", "fp8_fp4_paged_mqa_logits", "fp8_einsum", "tf32_hc_prenorm_gemm", "sparse_attn_compress_cutedsl",
+    "fused_indexer_q_cutedsl", "float8e4nv")
 # DeepSeek-V4's attention is routed to the plugin's layer below SM 9.0: FlashMLA no longer blocks it; with the
 # default switches neither do the indexer, the o_proj einsum, the mHC prenorm and the e4m3 casts (the plugin's
 # indexer, v4_portable, the software casts), so only the compressor stops V4 below SM 8.9. With those three switches
-# off (OFF_ENV) every component blocks again.
+# off (OFF_ENV) every component blocks again. The CuTeDSL compressor and indexer-q kernels are sm_89+ PTX.
 EXPECTED = {
-    ("DeepSeek-V4", (8, 0)): {COMPRESSOR},
-    ("DeepSeek-V4", (8, 6)): {COMPRESSOR},
+    ("DeepSeek-V4", (8, 0)): {COMPRESSOR, INDEXQ},
+    ("DeepSeek-V4", (8, 6)): {COMPRESSOR, INDEXQ},
     ("DeepSeek-V4.1", (8, 0)): {FLASHMLA, INDEXER, EINSUM, CASTS},
     ("DeepSeek-V4.1", (8, 6)): {FLASHMLA, INDEXER, EINSUM, CASTS},
     ("DeepSeek-V4.1", (8, 9)): {FLASHMLA, INDEXER, EINSUM},
 }
 EXPECTED_OFF = {
-    ("DeepSeek-V4", (8, 0)): {INDEXER, EINSUM, MHC, COMPRESSOR, CASTS},
-    ("DeepSeek-V4", (8, 6)): {INDEXER, EINSUM, MHC, COMPRESSOR, CASTS},
+    ("DeepSeek-V4", (8, 0)): {INDEXER, EINSUM, MHC, COMPRESSOR, INDEXQ, CASTS},
+    ("DeepSeek-V4", (8, 6)): {INDEXER, EINSUM, MHC, COMPRESSOR, INDEXQ, CASTS},
     ("DeepSeek-V4", (8, 9)): {INDEXER, EINSUM, MHC},
 }
-OFF_ENV = (policy.INDEXER_ENV, policy.DSV4_PORTABLE_ENV, policy.SOFT_FP8_ENV)
-ALL = {FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, CASTS}
+# each switch alone and the rows it gives back: (switch, capability) -> rows added to EXPECTED's
+SWITCH_ROWS = {policy.INDEXER_ENV: {INDEXER}, policy.DSV4_PORTABLE_ENV: {EINSUM, MHC}, policy.SOFT_FP8_ENV: {CASTS}}
+OFF_ENV = tuple(SWITCH_ROWS)
+ALL = {FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, INDEXQ, CASTS}
 
 
 @pytest.fixture(scope="module")
@@ -67,15 +70,23 @@ def _select(cuda_mod, module, capability):
         return module._select_dsv4_attn_cls(VllmConfig())
 
 
-@pytest.mark.parametrize("model,capability,off", [(m, c, False) for m, c in sorted(EXPECTED)]
-                         + [(m, c, True) for m, c in sorted(EXPECTED_OFF)])
+_CASES = ([(m, c, ()) for m, c in sorted(EXPECTED)] + [(m, c, OFF_ENV) for m, c in sorted(EXPECTED_OFF)]
+          + [("DeepSeek-V4", c, (var,)) for var in OFF_ENV for c in ((8, 6), (8, 9))
+             if (var, c) != (policy.SOFT_FP8_ENV, (8, 9))])  # the casts run natively on SM 8.9
+
+
+@pytest.mark.parametrize("model,capability,off", _CASES)
 def test_the_build_stops_with_one_error_naming_each_component(checked, cuda_platform_module, monkeypatch, model,
                                                                capability, off):
-    """Below SM 9.0 one ValueError names each component that still cannot run (``off``: the plugin's indexer,
-    portable o_proj / prenorm and software casts switched off)."""
-    expected = (EXPECTED_OFF if off else EXPECTED)[model, capability]
-    for name in OFF_ENV if off else ():
+    """Below SM 9.0 one ValueError names each component that still cannot run; ``off``: the switches set to
+    ``off`` (all of the plugin's indexer, portable o_proj / prenorm and software casts, or each alone: exactly its
+    rows come back)."""
+    expected = set(EXPECTED.get((model, capability), set()))
+    for name in off:
         monkeypatch.setenv(name, "off")
+        expected |= {row for row in SWITCH_ROWS[name] if row != CASTS or capability < (8, 9)}
+    if off == OFF_ENV:
+        assert expected == EXPECTED_OFF[model, capability]
     with pytest.raises(ValueError) as info:
         _select(cuda_platform_module, checked[model], capability)
     msg = str(info.value)
@@ -90,6 +101,16 @@ def test_the_build_stops_with_one_error_naming_each_component(checked, cuda_plat
     assert (f"runs the attention of {model} on its own kernels" in msg) == routed
     assert (f"does not route {model} to portable kernels" in msg) == (not routed)
     assert f"{policy.DSV4_ENV}=off" in msg
+
+
+def test_a_missing_prenorm_hook_keeps_the_prenorm_blocking(checked, cuda_platform_module, monkeypatch):
+    """Where vLLM's prenorm hook cannot be wrapped, the build check does not count the prenorm as taken."""
+    from triton_mla_sparse.integrations.vllm import v4_portable
+
+    monkeypatch.setattr(v4_portable, "install", lambda: False)
+    with pytest.raises(ValueError) as info:
+        _select(cuda_platform_module, checked["DeepSeek-V4"], (8, 9))
+    assert MHC in str(info.value) and str(info.value).count("\n  - ") == 1
 
 
 def test_sm89_builds_v4_on_the_plugins_components(checked, cuda_platform_module):
@@ -255,9 +276,10 @@ def test_not_installed_off_cuda(models, monkeypatch):
     assert not hasattr(models["DeepSeek-V4"]._select_dsv4_attn_cls, "__wrapped__")
 
 
-def test_a_bad_value_stops_register(monkeypatch):
-    monkeypatch.setenv(policy.DSV4_ENV, "yes")
-    with pytest.raises(ValueError, match=policy.DSV4_ENV):
+@pytest.mark.parametrize("var", [policy.DSV4_ENV, policy.DSV4_PORTABLE_ENV])
+def test_a_bad_value_stops_register(monkeypatch, var):
+    monkeypatch.setenv(var, "yes")
+    with pytest.raises(ValueError, match=var):
         plugin.register()
 
 

@@ -36,8 +36,12 @@ def test_block_dequantization(shape, scale_dtype):
     scale = scale.to(scale_dtype)
     got = v4_portable.dequantize_block_fp8(weight, scale)
     assert got.dtype == torch.bfloat16 and torch.equal(got, _blockwise(weight, scale))
-    with pytest.raises(ValueError, match="block scales"):
-        v4_portable.dequantize_block_fp8(weight, scale[:1])
+    for bad in (scale[:1], torch.ones(blocks[0] + 1, blocks[1])):  # too few, too many
+        with pytest.raises(ValueError, match="scale: expected the block scales"):
+            v4_portable.dequantize_block_fp8(weight, bad)
+    for bad in (weight.float(), weight[None]):
+        with pytest.raises(ValueError, match="weight: expected a float8_e4m3fn tensor"):
+            v4_portable.dequantize_block_fp8(bad, scale)
 
 
 def test_dequantize_wo_a_replaces_the_weight_and_drops_the_scales():

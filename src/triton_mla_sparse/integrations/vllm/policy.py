@@ -20,9 +20,9 @@ and its modes (so :func:`~triton_mla_sparse.integrations.vllm.register` stops vL
   build still stops) or on every CUDA GPU from SM 8.0 (``triton``), and a build that stops with one ``ValueError``
   naming the components that still cannot run; ``off``: left to vLLM (it then fails inside the kernels at run
   time); see :mod:`triton_mla_sparse.integrations.vllm.v4`;
-* ``TRITON_MLA_SPARSE_DSV4_PORTABLE`` = ``auto`` | ``always`` | ``off``: DeepSeek-V4's o_proj einsum and first-layer
-  mHC prenorm on portable code where DeepGEMM is not supported (``auto``), everywhere (``always``) or nowhere; see
-  :mod:`triton_mla_sparse.integrations.vllm.v4_portable`.
+* ``TRITON_MLA_SPARSE_DSV4_PORTABLE`` = ``auto`` | ``always`` | ``off``: where this package's DeepSeek-V4 layer
+  runs, its o_proj einsum and the first-layer mHC prenorm on portable code where DeepGEMM is not supported
+  (``auto``), everywhere (``always``) or nowhere; see :mod:`triton_mla_sparse.integrations.vllm.v4_portable`.
 """
 
 from __future__ import annotations
@@ -138,8 +138,8 @@ def warn_once(key: str, msg: str, *args: object) -> None:
 
 def env_mode(name: str) -> str:
     """The mode set by environment variable ``name`` (:data:`PRIORITY_ENV`, :data:`INDEXER_ENV`,
-    :data:`SOFT_FP8_ENV`, :data:`DSV4_ENV` or :data:`DSV4_PORTABLE_ENV`); see the module docstring. Raises ``ValueError`` for a value that is
-    not one of the variable's modes."""
+    :data:`SOFT_FP8_ENV`, :data:`DSV4_ENV` or :data:`DSV4_PORTABLE_ENV`); see the module docstring. Raises
+    ``ValueError`` for a value that is not one of the variable's modes."""
     modes, aliases = _ENV_MODES[name]
     raw = os.environ.get(name, "").strip().lower()
     if not raw:

@@ -12,8 +12,9 @@ Where :func:`routes_attention` says so, the wrapper returns this package's V4 at
 (:func:`.v4_attention.triton_attention_cls`: both caches and the sink read by the Triton kernels) instead of vLLM's
 class, and the attention row no longer blocks; nor do the rows the plugin's other switches take over there
 (:func:`taken_components`: the Triton indexer on V4's compressed cache, the portable o_proj and mHC prenorm of
-:mod:`.v4_portable`, the software e4m3 casts). So on SM 8.9 nothing blocks DeepSeek-V4 with the default switches,
-and on SM 8.0 / 8.6 the CuTeDSL compressor still does. DeepSeek-V4 only: V4.1's layer is vLLM's everywhere. A backend named with
+:mod:`.v4_portable`, the software e4m3 casts). So on SM 8.9 nothing blocks DeepSeek-V4 with the default switches;
+on SM 8.0 / 8.6 the CuTeDSL compressor and indexer-q kernels still do. DeepSeek-V4 only: V4.1's layer is vLLM's
+everywhere. A backend named with
 ``--attention-backend`` is vLLM's to honour: ``auto`` then leaves the choice to vLLM, ``triton`` refuses the
 combination.
 
@@ -29,9 +30,9 @@ capability is unknown) vLLM's function runs unchanged.
 Switch: ``TRITON_MLA_SPARSE_DSV4`` = ``auto`` (default: the check above; our attention where vLLM has none: below
 SM 9.0, and on SM 12.x without FlashInfer's V4 kernels for the model's heads and window) | ``triton`` (our attention
 for DeepSeek-V4 on every CUDA GPU from SM 8.0 on, e.g. to compare it with vLLM's in one engine) | ``off`` (nothing
-is wrapped; vLLM then fails at run time as without the plugin), read by :func:`install`. Where vLLM's function is missing or has another
-signature than vLLM 0.33's, one warning is logged and that module is left alone. This module imports vLLM inside
-functions only and never touches CUDA.
+is wrapped; vLLM then fails at run time as without the plugin), read by :func:`install`. Where vLLM's function is
+missing or has another signature than vLLM 0.33's, one warning is logged and that module is left alone. This
+module imports vLLM inside functions only and never touches CUDA.
 """
 
 from __future__ import annotations
@@ -113,13 +114,21 @@ COMPONENTS: tuple[Component, ...] = (
         "DeepseekCompressor with head dim 512 on CUDA always takes it; it packs e4m3 with "
         "cvt.rn.satfinite.e4m3x2.f32, a PTX instruction of sm_89+. V4.1 compresses with Triton (next row)."),
     Component(
+        "indexer q quantization (CuTeDSL)",
+        "vllm.models.deepseek_v4.nvidia.ops.fused_indexer_q_cutedsl",
+        (8, 9), (V4,),
+        "fused_indexer_q_rope_quant (vllm.models.deepseek_v4.common.ops.fused_indexer_q) runs the CuTeDSL kernel "
+        "whenever cutlass's DSL is installed (vLLM ships it), which packs e4m3 with cvt.rn.satfinite.e4m3x2.f32 "
+        "(sm_89+ PTX); the Triton kernel the software casts route is its fallback without CuTeDSL only."),
+    Component(
         "fp8 casts in V4's Triton kernels (tl.float8e4nv)",
         "vllm.models.deepseek_v4.common.ops, vllm.models.deepseek_v41.common.ops",
         (8, 9), (V4, V41),
         "Cache inserts, compressor quantization, indexer q, inverse-RoPE fp8 quant: Triton has no native e4m3 "
         "conversion before sm_89. The plugin's software cast (TRITON_MLA_SPARSE_SOFT_FP8) now routes V4's: "
         "cache_utils (SWA insert quantize_and_insert_k_kernel, dequantize-gather), fused_compress_quant_cache "
-        "(head-512 sparse-attn compressor stores, head-128 indexer compressor), fused_indexer_q and "
+        "(head-512 sparse-attn compressor stores, head-128 indexer compressor), fused_indexer_q (its Triton "
+        "kernel; the CuTeDSL one, taken when installed, is the row above) and "
         "fused_inv_rope_fp8_quant; compile-tested for sm80/sm86 (no e4m3 conversion left) and forced in a live "
         "V4 engine on an H200 (first-token logprobs within the engines' eager-vs-graphs drift of the hardware "
         "casts), not run on an SM 8.x GPU. V4.1's own ops "
@@ -130,7 +139,7 @@ COMPONENTS: tuple[Component, ...] = (
 #: The attention row: routed to this package's layer (not blocking) wherever :func:`routes_attention` holds.
 ATTENTION = COMPONENTS[0]
 #: The rows :func:`taken_components` may take over where the attention is routed.
-INDEXER, EINSUM, PRENORM, CASTS = COMPONENTS[1], COMPONENTS[2], COMPONENTS[3], COMPONENTS[5]
+INDEXER, EINSUM, PRENORM, CASTS = COMPONENTS[1], COMPONENTS[2], COMPONENTS[3], COMPONENTS[6]
 
 #: vLLM 0.33's CUDA model modules whose ``_select_dsv4_attn_cls`` every decoder layer calls, and their model.
 MODEL_MODULES: dict[str, str] = {
@@ -266,14 +275,16 @@ def _make_wrapper(original: Callable[..., Any], module: ModuleType, model: str) 
         if platform.is_cuda():
             capability = platform.get_device_capability()
             routed = routes_attention(capability, model, dsv4_mode(), vllm_config)
-            check_capability(capability, model, routed, taken_components(model) if routed else ())
+            taken = taken_components(model) if routed else ()
+            if PRENORM in taken:  # the first layer's mHC prenorm (the layer itself routes its o_proj)
+                from .v4_portable import install as install_portable
+
+                if not install_portable():  # vLLM's hook is missing: the prenorm stays DeepGEMM's
+                    taken = tuple(c for c in taken if c is not PRENORM)
+            check_capability(capability, model, routed, taken)
             if routed:
                 from .v4_attention import triton_attention_cls
 
-                if dsv4_portable_mode() != "off":  # the first layer's mHC prenorm (the layer routes its o_proj)
-                    from .v4_portable import install as install_portable
-
-                    install_portable()
                 return triton_attention_cls()
         return original(vllm_config)
 

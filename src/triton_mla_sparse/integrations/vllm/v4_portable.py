@@ -12,10 +12,10 @@
   wraps that function: such calls get ``out = x·fnᵀ`` and ``sqrsum = Σ x²`` in float32 torch, one split (the
   TileLang kernel that consumes them reads the split count from the tensors); every other call is vLLM's.
 
-Where (``TRITON_MLA_SPARSE_DSV4_PORTABLE``): ``auto`` (default) where vLLM's ``is_deep_gemm_supported()`` is false
-(SM 8.x), ``always`` on every GPU (to compare the two on one that has DeepGEMM), ``off`` never — then
-:mod:`.v4`'s build check counts both components as blocking below SM 9.0. Importing this module imports neither
-vLLM nor CUDA.
+Where (``TRITON_MLA_SPARSE_DSV4_PORTABLE``), wherever this package's V4 layer runs: ``auto`` (default) where vLLM's
+``is_deep_gemm_supported()`` is false (SM 8.x), ``always`` on every GPU (to compare the two on one that has
+DeepGEMM), ``off`` never — then :mod:`.v4`'s build check counts both components as blocking below SM 9.0.
+Importing this module imports neither vLLM nor CUDA.
 """
 
 from __future__ import annotations
@@ -52,19 +52,30 @@ def portable_wanted(mode: str | None = None) -> bool:
 def dequantize_block_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16
                          ) -> torch.Tensor:
     """``weight`` e4m3 ``[N, K]`` times its block scales ``scale`` ``[ceil(N/128), ceil(K/128)]`` (float32 or
-    UE8M0 ``float8_e8m0fnu``), as ``dtype``: the weight DeepGEMM's einsum multiplies by."""
+    UE8M0 ``float8_e8m0fnu``; multipliers, as vLLM's block-fp8 matmuls apply them), as ``dtype``: the weight
+    DeepGEMM's einsum multiplies by on SM 9.0 (SM 10.x re-quantizes float32 scales to UE8M0 first; the bf16
+    result rounds either way). One block row at a time: the float32 temporaries stay 128 rows tall."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"weight: expected a float8_e4m3fn tensor [N, K], got "
+                         f"{getattr(weight, 'dtype', type(weight).__name__)} {tuple(getattr(weight, 'shape', ()))}")
     n, k = weight.shape
-    if scale.dim() != 2 or scale.shape[0] * BLOCK < n or scale.shape[1] * BLOCK < k:
-        raise ValueError(f"scale: expected [ceil({n}/{BLOCK}), ceil({k}/{BLOCK})] block scales for a weight "
-                         f"[{n}, {k}], got {tuple(scale.shape)}")
-    s = scale.to(torch.float32).repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
-    return (weight.to(torch.float32) * s).to(dtype)
+    blocks = (-(-n // BLOCK), -(-k // BLOCK))
+    if not isinstance(scale, torch.Tensor) or tuple(scale.shape) != blocks:
+        raise ValueError(f"scale: expected the block scales {list(blocks)} of a weight [{n}, {k}] (one per "
+                         f"{BLOCK} x {BLOCK} block), got {tuple(getattr(scale, 'shape', ()))}")
+    s = scale.to(torch.float32).repeat_interleave(BLOCK, 1)[:, :k]
+    out = torch.empty(n, k, dtype=dtype, device=weight.device)
+    for i in range(blocks[0]):
+        rows = slice(i * BLOCK, min(n, (i + 1) * BLOCK))
+        out[rows] = (weight[rows].to(torch.float32) * s[i]).to(dtype)
+    return out
 
 
 def dequantize_wo_a(layer: torch.nn.Module) -> None:
     """``process_weights_after_loading`` for a V4 ``wo_a`` with e4m3 block weights: its weight as bf16 (a new
     parameter; the e4m3 one and its scales are dropped), so that ``deep_gemm_fp8_o_proj`` takes its bf16 branch.
-    A weight that is not e4m3 is left alone."""
+    A weight that is not e4m3 is left alone. The new parameter has no weight loader: reloading weights into a
+    built engine (a refit) is not supported on this path."""
     weight = layer.weight
     if weight.dtype != torch.float8_e4m3fn:
         return
@@ -99,6 +110,9 @@ def prenorm_outputs(x: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, to
 
 
 def _wrap(original: Any) -> Any:
+    """vLLM's ``_hc_prenorm_gemm_outputs`` with its forced-DeepGEMM calls (V4's first layer) taken by
+    :func:`prenorm_outputs` where :func:`portable_wanted`; ``original`` kept on the wrapper for :func:`uninstall`."""
+
     @functools.wraps(original)
     def _hc_prenorm_gemm_outputs(x: torch.Tensor, fn: torch.Tensor, *, hidden_size: int, hc_mult: int,
                                  use_tilelang_fallback: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
