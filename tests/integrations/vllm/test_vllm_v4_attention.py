@@ -154,62 +154,21 @@ def test_the_layer_class(cuda_platform_module):
     assert not getattr(cls, "__abstractmethods__", None)
 
 
-_BUILD = r'''
-import json, socket, sys, tempfile
-import torch
-from transformers import DeepseekV4Config
-
-import vllm.platforms.cuda as cuda_mod
-from triton_mla_sparse.integrations.vllm import register
-from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
-from triton_mla_sparse.integrations.vllm.v4_attention import triton_attention_cls
-
-d = tempfile.mkdtemp()
-DeepseekV4Config(hidden_size=1024, num_attention_heads=8, q_lora_rank=256, o_lora_rank=256, o_groups=8,
-                 num_hidden_layers=2, layer_types=["compressed_sparse_attention", "heavily_compressed_attention"],
-                 mlp_layer_types=["moe", "moe"], n_routed_experts=16, num_experts_per_tok=2, moe_intermediate_size=256,
-                 vocab_size=2048, max_position_embeddings=8192, architectures=["DeepseekV4ForCausalLM"],
-                 torch_dtype="bfloat16").save_pretrained(d)
-register()
-with _cuda_platform_for(cuda_mod, 12, 0, True):
-    from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-
-    vc = VllmConfig(model_config=ModelConfig(model=d, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=4096),
-                    cache_config=CacheConfig(cache_dtype="fp8"))
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    with set_current_vllm_config(vc):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                     distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
-        initialize_model_parallel(1, 1)
-        # layer 2 of a 2-layer model: the window-only attention of the MTP block (the compressed layers allocate
-        # their compressor's state on CUDA at construction)
-        layer = triton_attention_cls()(vc, prefix="model.layers.2.attn")
-    swa_spec = layer.swa_cache_layer.get_kv_cache_spec(vc)
-    print(json.dumps(dict(heads=layer.n_local_heads, padded=layer.padded_heads, ratio=layer.compress_ratio,
-                          dtype=layer.kv_cache_dtype, torch_dtype=str(layer.kv_cache_torch_dtype),
-                          sink=list(layer.attn_sink.shape), scale=layer.scale,
-                          swa_dtype=str(getattr(swa_spec, "dtype", None)),
-                          backend=layer.get_attn_backend().get_name())))
-'''
-
-
 def test_the_layer_builds_from_a_v4_config(cuda_platform_module, tmp_path):
     """vLLM's own DeepseekV4Attention constructor on the plugin's class (a V4 config from transformers, one
     process of tensor parallel 1 over gloo, in a child process: vLLM's distributed state stays out of this one):
     8 heads unpadded (FlashMLA's class pads them to 64), the fp8_ds_mla pages (uint8) for ``--kv-cache-dtype
     fp8``, the sink per head."""
-    import json
-    import subprocess
-    import sys
+    from v4_layer_build import build_v4_layer
 
-    script = tmp_path / "build.py"
-    script.write_text(_BUILD)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
-                          cwd=str(tmp_path))
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    got = json.loads(lines[-1])
+    got = build_v4_layer(tmp_path, """
+        swa_spec = layer.swa_cache_layer.get_kv_cache_spec(vc)
+        print(json.dumps(dict(heads=layer.n_local_heads, padded=layer.padded_heads, ratio=layer.compress_ratio,
+                              dtype=layer.kv_cache_dtype, torch_dtype=str(layer.kv_cache_torch_dtype),
+                              sink=list(layer.attn_sink.shape), scale=layer.scale,
+                              swa_dtype=str(getattr(swa_spec, "dtype", None)),
+                              backend=layer.get_attn_backend().get_name())))
+    """, capability=(12, 0))
     assert (got["heads"], got["padded"], got["ratio"], got["sink"]) == (8, 8, 1, [8])
     assert (got["dtype"], got["torch_dtype"], got["swa_dtype"]) == ("fp8_ds_mla", "torch.uint8", "torch.uint8")
     assert got["backend"] == "FLASHINFER_MLA_SPARSE_DSV4" and abs(got["scale"] - 512 ** -0.5) < 1e-12

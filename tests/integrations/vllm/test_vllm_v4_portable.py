@@ -5,9 +5,7 @@ prenorm wrapper on vLLM's own module."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+import os
 
 import pytest
 import torch
@@ -61,56 +59,26 @@ def test_dequantize_wo_a_replaces_the_weight_and_drops_the_scales():
         v4_portable.dequantize_wo_a(bare)
 
 
-_BUILD = r'''
-import json, os, socket, sys, tempfile
-import torch
-from transformers import DeepseekV4Config
-
-import vllm.platforms.cuda as cuda_mod
-from triton_mla_sparse.integrations.vllm import register, v4_portable
-from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
-from triton_mla_sparse.integrations.vllm.v4_attention import triton_attention_cls
-
-d = tempfile.mkdtemp()
-DeepseekV4Config(hidden_size=1024, num_attention_heads=8, q_lora_rank=256, o_lora_rank=256, o_groups=8,
-                 num_hidden_layers=2, layer_types=["compressed_sparse_attention", "heavily_compressed_attention"],
-                 mlp_layer_types=["moe", "moe"], n_routed_experts=16, num_experts_per_tok=2, moe_intermediate_size=256,
-                 vocab_size=2048, max_position_embeddings=8192, architectures=["DeepseekV4ForCausalLM"],
-                 quantization_config={"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                      "weight_block_size": [128, 128]},
-                 torch_dtype="bfloat16").save_pretrained(d)
-register()
-with _cuda_platform_for(cuda_mod, 8, 9, True):
-    from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-
-    vc = VllmConfig(model_config=ModelConfig(model=d, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=4096),
-                    cache_config=CacheConfig(cache_dtype="fp8"))
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    with set_current_vllm_config(vc):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0,
-                                     distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
-        initialize_model_parallel(1, 1)
-        # the window-only layer (the compressed ones allocate their compressor's state on CUDA)
-        layer = triton_attention_cls()(vc, prefix="model.layers.2.attn")
-    wo_a, wo_b = layer.wo_a, layer.wo_b
-    out = dict(quant=type(vc.quant_config).__name__, dtype=str(wo_a.weight.dtype), shape=list(wo_a.weight.shape),
-               routed=wo_a.quant_method.process_weights_after_loading is v4_portable.dequantize_wo_a,
-               wo_b_routed="process_weights_after_loading" in vars(wo_b.quant_method))
-    if out["routed"]:  # what vLLM's loader does after loading: the layer's quant method processes its weights
-        g = torch.Generator().manual_seed(0)
-        w = (torch.randn(wo_a.weight.shape, generator=g) * 50).to(torch.float8_e4m3fn)
-        s = torch.exp2(torch.randint(-10, 2, wo_a.weight_scale_inv.shape, generator=g).float())
-        wo_a.weight.data.copy_(w)
-        wo_a.weight_scale_inv.data.copy_(s.to(wo_a.weight_scale_inv.dtype))
-        wo_a.quant_method.process_weights_after_loading(wo_a)
-        want = (w.float() * s.repeat_interleave(128, 0).repeat_interleave(128, 1)).to(torch.bfloat16)
-        out.update(after=str(wo_a.weight.dtype), equal=bool(torch.equal(wo_a.weight, want)),
-                   scales_left=hasattr(wo_a, "weight_scale_inv"),
-                   # vLLM's deep_gemm_fp8_o_proj takes its bf16 branch on this weight: groups x rank x width
-                   grouped=list(wo_a.weight.view(layer.n_local_groups, layer.o_lora_rank, -1).shape))
-    print(json.dumps(out))
-'''
+# After building: what vLLM's loader does once the weights are in (the layer's quant method processes them).
+_AFTER_LOADING = """
+wo_a, wo_b = layer.wo_a, layer.wo_b
+out = dict(quant=type(vc.quant_config).__name__, dtype=str(wo_a.weight.dtype), shape=list(wo_a.weight.shape),
+           routed=wo_a.quant_method.process_weights_after_loading is v4_portable.dequantize_wo_a,
+           wo_b_routed="process_weights_after_loading" in vars(wo_b.quant_method))
+if out["routed"]:
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(wo_a.weight.shape, generator=g) * 50).to(torch.float8_e4m3fn)
+    s = torch.exp2(torch.randint(-10, 2, wo_a.weight_scale_inv.shape, generator=g).float())
+    wo_a.weight.data.copy_(w)
+    wo_a.weight_scale_inv.data.copy_(s.to(wo_a.weight_scale_inv.dtype))
+    wo_a.quant_method.process_weights_after_loading(wo_a)
+    want = (w.float() * s.repeat_interleave(128, 0).repeat_interleave(128, 1)).to(torch.bfloat16)
+    out.update(after=str(wo_a.weight.dtype), equal=bool(torch.equal(wo_a.weight, want)),
+               scales_left=hasattr(wo_a, "weight_scale_inv"),
+               # vLLM's deep_gemm_fp8_o_proj takes its bf16 branch on this weight: groups x rank x width
+               grouped=list(wo_a.weight.view(layer.n_local_groups, layer.o_lora_rank, -1).shape))
+print(json.dumps(out))
+"""
 
 
 @pytest.mark.parametrize("mode", ["auto", "off"])
@@ -120,14 +88,10 @@ def test_an_fp8_v4_layer_takes_wo_a_over_after_loading(cuda_platform_module, tmp
     ``auto`` (no DeepGEMM there), its quant method's post-load step is the dequantization — the weight becomes the
     bf16 product, the scales go, vLLM's bf16 branch can group it; ``wo_b`` stays vLLM's; ``off`` leaves wo_a to
     vLLM."""
-    script = tmp_path / "build.py"
-    script.write_text(_BUILD)
-    env = {**__import__("os").environ, "TRITON_MLA_SPARSE_DSV4": "triton", policy.DSV4_PORTABLE_ENV: mode}
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
-                          cwd=str(tmp_path), env=env)
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    got = json.loads(lines[-1])
+    from v4_layer_build import FP8_BLOCK, build_v4_layer
+
+    env = {**os.environ, "TRITON_MLA_SPARSE_DSV4": "triton", policy.DSV4_PORTABLE_ENV: mode}
+    got = build_v4_layer(tmp_path, _AFTER_LOADING, capability=(8, 9), quantization=FP8_BLOCK, env=env)
     assert (got["quant"], got["dtype"], got["shape"]) == ("DeepseekV4FP8Config", "torch.float8_e4m3fn", [2048, 512])
     assert got["routed"] == (mode == "auto") and not got["wo_b_routed"]
     if mode == "auto":
