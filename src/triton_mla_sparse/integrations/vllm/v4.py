@@ -112,7 +112,7 @@ COMPONENTS: tuple[Component, ...] = (
         "vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl",
         (8, 9), (V4,),
         "DeepseekCompressor with head dim 512 on CUDA always takes it; it packs e4m3 with "
-        "cvt.rn.satfinite.e4m3x2.f32, a PTX instruction of sm_89+. V4.1 compresses with Triton (next row)."),
+        "cvt.rn.satfinite.e4m3x2.f32, a PTX instruction of sm_89+. V4.1 compresses with Triton (the casts row)."),
     Component(
         "indexer q quantization (CuTeDSL)",
         "vllm.models.deepseek_v4.nvidia.ops.fused_indexer_q_cutedsl",
