@@ -79,11 +79,12 @@ def dequantize_wo_a(layer: torch.nn.Module) -> None:
     weight = layer.weight
     if weight.dtype != torch.float8_e4m3fn:
         return
-    scale = getattr(layer, "weight_scale_inv", None)
+    # the scale deep_gemm_fp8_o_proj would hand fp8_einsum: weight_scale where the layer has one, else weight_scale_inv
+    scale = getattr(layer, "weight_scale", None)
     if scale is None:
-        scale = getattr(layer, "weight_scale", None)
+        scale = getattr(layer, "weight_scale_inv", None)
     if scale is None:
-        raise ValueError("wo_a: an e4m3 weight without block scales (weight_scale_inv / weight_scale)")
+        raise ValueError("wo_a: an e4m3 weight without block scales (weight_scale / weight_scale_inv)")
     layer.weight = torch.nn.Parameter(dequantize_block_fp8(weight.data, scale.data), requires_grad=False)
     for name in ("weight_scale_inv", "weight_scale", "input_scale"):
         if hasattr(layer, name):
