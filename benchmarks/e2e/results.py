@@ -19,7 +19,8 @@ V4_LAYER = {OURS_V4: "DeepseekV4TritonMLAAttention", PEER_V4: "DeepseekV4FlashML
 def v4_checks(run: dict[str, Any]) -> list[str]:
     """What a DeepSeek-V4 run must show to count (empty: all of it): every attention layer of its backend's class;
     ours: calls through our layer (and, with our indexer forced, every indexer ours; with the software casts forced,
-    their router installed; with the portable components forced, the mHC prenorm run by ours); FlashMLA's with the
+    their router installed; with the portable components forced, the mHC prenorm, the compressor and the indexer q
+    run by the portable code); FlashMLA's with the
     attention shadow: shadowed calls, no error, no non-finite."""
     spec = run.get("spec", {})
     backend = spec.get("backend")
@@ -34,9 +35,12 @@ def v4_checks(run: dict[str, Any]) -> list[str]:
             not (indexers.get("triton") and not indexers.get("vllm")):
         problems.append(f"indexers {indexers}: ours forced, yet not every indexer is ours")
     port = run.get("portable") or {}
-    if spec.get("env", {}).get("TRITON_MLA_SPARSE_DSV4_PORTABLE") == "always" and \
-            not (port.get("installed") and port.get("prenorm_calls", 0) + port.get("captured_calls", 0)):
-        problems.append(f"portable prenorm forced, yet {port}")
+    if spec.get("env", {}).get("TRITON_MLA_SPARSE_DSV4_PORTABLE") == "always":
+        for what in ("prenorm", "compress", "indexer_q"):
+            if not port.get(f"{what}_calls", 0) + port.get(f"{what}_captured", 0):
+                problems.append(f"portable {what} forced, yet not called: {port}")
+        if not (port.get("installed") and port.get("cutedsl_routes")):
+            problems.append(f"portable components forced, yet not installed: {port}")
     soft = run.get("soft_fp8") or {}
     if spec.get("env", {}).get("TRITON_MLA_SPARSE_SOFT_FP8") == "always" and \
             not (soft.get("installed") and soft.get("mode") == "always"):

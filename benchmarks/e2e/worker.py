@@ -153,30 +153,43 @@ class V4CallCounter:
 
 
 class PortableCounter:
-    """Wraps the plugin's portable mHC prenorm (``v4_portable.prenorm_outputs``, DeepSeek-V4's first layer where
-    DeepGEMM is not used): its calls, eager and recorded into CUDA graphs, over the whole engine life."""
+    """Wraps the plugin's portable stand-ins: the mHC prenorm (``v4_portable.prenorm_outputs``, DeepSeek-V4's first
+    layer where DeepGEMM is not used), the compressor (``v4_portable.portable_compress``, vLLM's Triton compressor
+    for its CuTeDSL one) and vLLM's Triton indexer-q kernel (run where the routes answer ``has_cutedsl()`` False):
+    their calls, eager and recorded into CUDA graphs, over the whole engine life."""
 
     def __init__(self) -> None:
-        self.stats = {"prenorm_calls": 0, "captured_calls": 0}
+        self.stats = {f"{what}_{when}": 0 for what in ("prenorm", "compress", "indexer_q")
+                      for when in ("calls", "captured")}
+
+    def _count(self, what: str, original):
+        import torch
+
+        stats = self.stats
+
+        def counted(*args, **kwargs):
+            capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+            stats[f"{what}_{'captured' if capturing else 'calls'}"] += 1
+            return original(*args, **kwargs)
+
+        return counted
 
     def install(self) -> None:
-        import torch
+        import importlib
 
         from triton_mla_sparse.integrations.vllm import v4_portable
 
-        original = v4_portable.prenorm_outputs
-        stats = self.stats
-
-        def counted(x, fn):
-            stats["captured_calls" if x.is_cuda and torch.cuda.is_current_stream_capturing() else "prenorm_calls"] += 1
-            return original(x, fn)
-
-        v4_portable.prenorm_outputs = counted
+        v4_portable.prenorm_outputs = self._count("prenorm", v4_portable.prenorm_outputs)
+        v4_portable.portable_compress = self._count("compress", v4_portable.portable_compress)
+        indexer_q = importlib.import_module(v4_portable.INDEXER_Q_MODULE)
+        name = "_FUSED_INDEXER_Q_ROPE_QUANT_TRITON_KERNEL"  # what fused_indexer_q_rope_quant calls without CuTeDSL
+        setattr(indexer_q, name, self._count("indexer_q", getattr(indexer_q, name)))
 
     def summary(self) -> dict[str, Any]:
         from triton_mla_sparse.integrations.vllm import v4_portable
 
-        return {**self.stats, "installed": v4_portable.installed()}
+        return {**self.stats, "installed": v4_portable.installed(),
+                "cutedsl_routes": v4_portable.cutedsl_routes_installed()}
 
 
 def shadow_errors(mine, theirs, heads: int, rows: slice) -> dict[str, float]:

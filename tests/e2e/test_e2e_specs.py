@@ -230,12 +230,16 @@ def test_v4_pairs_count_only_with_the_expected_layers_and_a_clean_shadow():
     soft["spec"] = {**soft["spec"], "env": {"TRITON_MLA_SPARSE_SOFT_FP8": "always"}}
     assert v4_checks(soft) == []
     assert v4_checks({**soft, "soft_fp8": {"installed": False, "mode": "off"}}), "casts forced but no router"
-    port = _v4_run(OURS_V4, portable={"prenorm_calls": 2, "captured_calls": 0, "installed": True})
+    counts = {"prenorm_calls": 2, "prenorm_captured": 0, "compress_calls": 0, "compress_captured": 4,
+              "indexer_q_calls": 1, "indexer_q_captured": 0, "installed": True, "cutedsl_routes": True}
+    port = _v4_run(OURS_V4, portable=counts)
     port["spec"] = {**port["spec"], "env": {"TRITON_MLA_SPARSE_DSV4_PORTABLE": "always"}}
     assert v4_checks(port) == []
-    assert v4_checks({**port, "portable": {"prenorm_calls": 0, "captured_calls": 0, "installed": True}}), \
-        "portable prenorm forced but never ran"
-    assert v4_checks({**port, "portable": {"prenorm_calls": 2, "captured_calls": 0, "installed": False}})
+    for what in ("prenorm", "compress", "indexer_q"):
+        idle = {**counts, f"{what}_calls": 0, f"{what}_captured": 0}
+        assert v4_checks({**port, "portable": idle}) == [f"portable {what} forced, yet not called: {idle}"]
+    for flag in ("installed", "cutedsl_routes"):
+        assert v4_checks({**port, "portable": {**counts, flag: False}}), f"portable forced, {flag} False"
     for what, run in bad.items():
         assert v4_checks(run), what
     prompts = [{"length": 17, "tokens": [1, 2], "first_logprobs": {"1": -0.5}, "top2_margins": [0.1, 0.1]}]

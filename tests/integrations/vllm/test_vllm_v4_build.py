@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from triton_mla_sparse.integrations.vllm import plugin, policy, v4
+from triton_mla_sparse.integrations.vllm import plugin, policy, v4, v4_portable
 from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
 
 MODULES = {"DeepSeek-V4": "vllm.models.deepseek_v4.nvidia.model",
@@ -21,12 +21,10 @@ FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, INDEXQ, CASTS = (
     "FlashMLA", "fp8_fp4_paged_mqa_logits", "fp8_einsum", "tf32_hc_prenorm_gemm", "sparse_attn_compress_cutedsl",
     "fused_indexer_q_cutedsl", "float8e4nv")
 # DeepSeek-V4's attention is routed to the plugin's layer below SM 9.0: FlashMLA no longer blocks it; with the
-# default switches neither do the indexer, the o_proj einsum, the mHC prenorm and the e4m3 casts (the plugin's
-# indexer, v4_portable, the software casts), so only the compressor stops V4 below SM 8.9. With those three switches
-# off (OFF_ENV) every component blocks again. The CuTeDSL compressor and indexer-q kernels are sm_89+ PTX.
+# default switches neither do the indexer, the o_proj einsum, the mHC prenorm, the CuTeDSL compressor and indexer-q
+# kernels and the e4m3 casts (the plugin's indexer, v4_portable, the software casts), so nothing stops V4 from SM 8.0
+# on. With those three switches off (OFF_ENV) every component blocks again. The CuTeDSL kernels are sm_89+ PTX.
 EXPECTED = {
-    ("DeepSeek-V4", (8, 0)): {COMPRESSOR, INDEXQ},
-    ("DeepSeek-V4", (8, 6)): {COMPRESSOR, INDEXQ},
     ("DeepSeek-V4.1", (8, 0)): {FLASHMLA, INDEXER, EINSUM, CASTS},
     ("DeepSeek-V4.1", (8, 6)): {FLASHMLA, INDEXER, EINSUM, CASTS},
     ("DeepSeek-V4.1", (8, 9)): {FLASHMLA, INDEXER, EINSUM},
@@ -37,7 +35,9 @@ EXPECTED_OFF = {
     ("DeepSeek-V4", (8, 9)): {INDEXER, EINSUM, MHC},
 }
 # each switch alone and the rows it gives back: (switch, capability) -> rows added to EXPECTED's
-SWITCH_ROWS = {policy.INDEXER_ENV: {INDEXER}, policy.DSV4_PORTABLE_ENV: {EINSUM, MHC}, policy.SOFT_FP8_ENV: {CASTS}}
+SWITCH_ROWS = {policy.INDEXER_ENV: {INDEXER}, policy.DSV4_PORTABLE_ENV: {EINSUM, MHC, COMPRESSOR, INDEXQ},
+               policy.SOFT_FP8_ENV: {CASTS}}
+BELOW_SM89 = {COMPRESSOR, INDEXQ, CASTS}  # the rows that run natively on SM 8.9
 OFF_ENV = tuple(SWITCH_ROWS)
 ALL = {FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, INDEXQ, CASTS}
 
@@ -61,6 +61,8 @@ def checked(models, cuda_platform_module, monkeypatch):
         assert plugin.install_dsv4_check()
     yield models
     v4.uninstall()
+    v4_portable.uninstall()
+    v4_portable.uninstall_cutedsl_routes()
 
 
 def _select(cuda_mod, module, capability):
@@ -84,7 +86,7 @@ def test_the_build_stops_with_one_error_naming_each_component(checked, cuda_plat
     expected = set(EXPECTED.get((model, capability), set()))
     for name in off:
         monkeypatch.setenv(name, "off")
-        expected |= {row for row in SWITCH_ROWS[name] if row != CASTS or capability < (8, 9)}
+        expected |= {row for row in SWITCH_ROWS[name] if row not in BELOW_SM89 or capability < (8, 9)}
     if off == OFF_ENV:
         assert expected == EXPECTED_OFF[model, capability]
     with pytest.raises(ValueError) as info:
@@ -113,21 +115,34 @@ def test_a_missing_prenorm_hook_keeps_the_prenorm_blocking(checked, cuda_platfor
     assert MHC in str(info.value) and str(info.value).count("\n  - ") == 1
 
 
-def test_sm89_builds_v4_on_the_plugins_components(checked, cuda_platform_module):
-    """On SM 8.9 with the default switches nothing blocks DeepSeek-V4: the layer is ours, and the first layer's
-    mHC prenorm is wrapped (v4_portable); V4.1 still stops."""
-    from triton_mla_sparse.integrations.vllm import v4_portable
-
+@pytest.mark.parametrize("capability", [(8, 0), (8, 6), (8, 9)])
+def test_sm8x_builds_v4_on_the_plugins_components(checked, cuda_platform_module, capability):
+    """On SM 8.x with the default switches nothing blocks DeepSeek-V4: the layer is ours, the first layer's mHC
+    prenorm is wrapped, and below SM 8.9 the CuTeDSL compressor and indexer-q calls are routed to vLLM's Triton
+    kernels (v4_portable); V4.1 still stops."""
     v4_portable.uninstall()
+    v4_portable.uninstall_cutedsl_routes()
     try:
-        got = _select(cuda_platform_module, checked["DeepSeek-V4"], (8, 9))
+        got = _select(cuda_platform_module, checked["DeepSeek-V4"], capability)
         assert got.__name__ == "DeepseekV4TritonMLAAttention"
         assert v4_portable.installed()
+        assert v4_portable.cutedsl_routes_installed() == (capability < (8, 9))
     finally:
         v4_portable.uninstall()
-    assert not v4_portable.installed()
+        v4_portable.uninstall_cutedsl_routes()
+    assert not v4_portable.installed() and not v4_portable.cutedsl_routes_installed()
     with pytest.raises(ValueError, match="DeepSeek-V4.1 cannot run"):
-        _select(cuda_platform_module, checked["DeepSeek-V4.1"], (8, 9))
+        _select(cuda_platform_module, checked["DeepSeek-V4.1"], capability)
+
+
+def test_missing_cutedsl_routes_keep_their_rows_blocking(checked, cuda_platform_module, monkeypatch):
+    """Where vLLM's CuTeDSL modules cannot be routed, the build check counts the compressor and indexer q as
+    blocking below SM 8.9."""
+    monkeypatch.setattr(v4_portable, "install_cutedsl_routes", lambda: False)
+    with pytest.raises(ValueError) as info:
+        _select(cuda_platform_module, checked["DeepSeek-V4"], (8, 6))
+    msg = str(info.value)
+    assert COMPRESSOR in msg and INDEXQ in msg and msg.count("\n  - ") == 2
 
 
 def _v4_config(heads=64, window=128, tp=1):
@@ -303,10 +318,10 @@ def fake_model(tmp_path, monkeypatch, cuda_platform_module):
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
     with _cuda_platform_for(cuda_platform_module, 9, 0, True):
-        assert v4.install(mode="auto", modules={name: "DeepSeek-V4"})
-    assert name not in sys.modules and v4.installed_modules() == {name: "DeepSeek-V4"}
+        assert v4.install(mode="auto", modules={name: "DeepSeek-V4.1"})
+    assert name not in sys.modules and v4.installed_modules() == {name: "DeepSeek-V4.1"}
     yield name
-    v4.uninstall({name: "DeepSeek-V4"})
+    v4.uninstall({name: "DeepSeek-V4.1"})
     sys.modules.pop(name, None)
     assert v4.installed_modules() == {}
 
@@ -314,7 +329,7 @@ def fake_model(tmp_path, monkeypatch, cuda_platform_module):
 def test_a_module_imported_later_is_wrapped_on_import(fake_model, cuda_platform_module):
     module = importlib.import_module(fake_model)
     assert module._select_dsv4_attn_cls.__wrapped__.__module__ == fake_model
-    with _cuda_platform_for(cuda_platform_module, 8, 6, True):  # the compressor stops V4 there
+    with _cuda_platform_for(cuda_platform_module, 8, 6, True):  # FlashMLA stops V4.1 there
         with pytest.raises(ValueError, match="compute capability 8.6"):
             module._select_dsv4_attn_cls("cfg")
     with _cuda_platform_for(cuda_platform_module, 10, 0, True):

@@ -140,3 +140,108 @@ def test_the_prenorm_wrapper_takes_only_the_forced_deepgemm_call(prenorm, monkey
     xd = x.double()
     torch.testing.assert_close(out[0].double(), xd @ fn.double().T, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(sqrsum[0].double(), xd.square().sum(-1), rtol=1e-6, atol=1e-5)
+
+
+@pytest.fixture
+def cutedsl_modules(monkeypatch):
+    """vLLM's three modules of V4's CuTeDSL path with a recorder in place of the compressor object (the real one
+    compiles for the GPU), routed; the routes removed afterwards."""
+    import importlib
+
+    compressor = importlib.import_module(v4_portable.COMPRESSOR_MODULE)
+    indexer_q = importlib.import_module(v4_portable.INDEXER_Q_MODULE)
+    indexer_q_cutedsl = importlib.import_module(v4_portable.INDEXER_Q_CUTEDSL_MODULE)
+    v4_portable.uninstall_cutedsl_routes()
+    cutedsl_calls = []
+    monkeypatch.setattr(compressor, v4_portable.COMPRESSOR_KERNEL, lambda **kw: cutedsl_calls.append(kw))
+    original_has_cutedsl = indexer_q.has_cutedsl
+    assert v4_portable.install_cutedsl_routes() and v4_portable.install_cutedsl_routes()
+    assert v4_portable.cutedsl_routes_installed()
+    yield compressor, indexer_q, indexer_q_cutedsl, cutedsl_calls
+    v4_portable.uninstall_cutedsl_routes()
+    assert not v4_portable.cutedsl_routes_installed() and indexer_q.has_cutedsl is original_has_cutedsl
+    for module, names in ((compressor, v4_portable.COMPRESSOR_WARMUPS),
+                          (indexer_q_cutedsl, v4_portable.INDEXER_Q_WARMUPS)):
+        assert all("register_warmup" not in vars(getattr(module, n)) for n in names)
+
+
+def _compressor_kwargs(positions: int = 3, **extra) -> dict:
+    """The keyword arguments vLLM's ``DeepseekCompressor`` hands the CuTeDSL compressor (stand-in values)."""
+    import inspect
+
+    from vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl import SparseAttnCompressorCuteDSL
+
+    kw = {name: object() for name in inspect.signature(SparseAttnCompressorCuteDSL.__call__).parameters
+          if name != "self"}
+    kw.update(positions=torch.arange(positions), store_full_kv=False, store_full_fp8=False, fp8_scale=None)
+    kw.update(extra)
+    return kw
+
+
+@pytest.mark.parametrize("mode,capability,routed", [("always", (9, 0), True), ("auto", (8, 0), True),
+                                                     ("auto", (8, 6), True), ("auto", (8, 9), False),
+                                                     ("off", (8, 0), False)])
+def test_the_compressor_route_sends_vllms_call_to_its_triton_compressor(cutedsl_modules, cuda_platform_module,
+                                                                        monkeypatch, mode, capability, routed):
+    """The CuTeDSL compressor's call, where the route holds (``always``; ``auto`` below SM 8.9, vLLM's capability
+    simulated), reaches vLLM's ``compress_norm_rope_store_triton`` with exactly that function's parameters (the
+    full-row flags dropped); otherwise vLLM's object gets it unchanged."""
+    import inspect
+
+    import vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache as fcq
+
+    from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
+
+    compressor, _, _, cutedsl_calls = cutedsl_modules
+    monkeypatch.setenv(policy.DSV4_PORTABLE_ENV, mode)
+    real = inspect.signature(fcq.compress_norm_rope_store_triton).parameters
+    triton_calls = []
+    monkeypatch.setattr(fcq, "compress_norm_rope_store_triton", lambda **kw: triton_calls.append(kw))
+    kw = _compressor_kwargs()
+    with _cuda_platform_for(cuda_platform_module, *capability, True):
+        assert v4_portable.cutedsl_route_wanted() == routed
+        getattr(compressor, v4_portable.COMPRESSOR_KERNEL)(**dict(kw))
+        if not routed:
+            assert cutedsl_calls == [kw] and triton_calls == []
+            return
+        assert cutedsl_calls == [] and len(triton_calls) == 1
+        assert set(triton_calls[0]) == set(real) == set(kw) - {"store_full_kv", "store_full_fp8", "fp8_scale"}
+        assert all(triton_calls[0][k] is kw[k] for k in real)
+        # nothing to store: no launch (as vLLM's CuTeDSL object returns early)
+        getattr(compressor, v4_portable.COMPRESSOR_KERNEL)(**_compressor_kwargs(positions=0))
+        assert len(triton_calls) == 1
+
+
+def test_the_portable_compressor_refuses_full_rows():
+    for flag in ("store_full_kv", "store_full_fp8"):
+        with pytest.raises(ValueError, match="store_full_kv: the portable V4 compressor writes the fp8_ds_mla"):
+            v4_portable.portable_compress(**_compressor_kwargs(**{flag: True}))
+
+
+@pytest.mark.parametrize("mode", ["always", "off"])
+def test_the_indexer_q_route_answers_has_cutedsl_false(cutedsl_modules, monkeypatch, mode):
+    """``fused_indexer_q_rope_quant`` asks its module's ``has_cutedsl()`` before taking the CuTeDSL kernel: False
+    where the route holds, vLLM's answer otherwise."""
+    from vllm.utils.import_utils import has_cutedsl
+
+    _, indexer_q, _, _ = cutedsl_modules
+    monkeypatch.setenv(policy.DSV4_PORTABLE_ENV, mode)
+    assert indexer_q.has_cutedsl() is (False if mode == "always" else has_cutedsl())
+    assert has_cutedsl() is True  # vLLM ships cutlass's DSL: without the route its kernel would run
+
+
+@pytest.mark.parametrize("mode", ["always", "off"])
+def test_routed_cutedsl_kernels_stay_out_of_the_jit_warmup(cutedsl_modules, monkeypatch, mode):
+    """vLLM's warm-up registry (which compiles every registered kernel at start-up) gets none of the compressor's
+    and indexer q's CuTeDSL kernels where the route holds; each registers as vLLM's otherwise."""
+    from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+
+    compressor, _, indexer_q_cutedsl, _ = cutedsl_modules
+    monkeypatch.setenv(policy.DSV4_PORTABLE_ENV, mode)
+    kernels = [getattr(compressor, n) for n in v4_portable.COMPRESSOR_WARMUPS[:3]]
+    kernels += [getattr(indexer_q_cutedsl, n) for n in v4_portable.INDEXER_Q_WARMUPS]
+    registry = JitWarmupRegistry(None)  # the config is read when the warm-up runs, not when kernels register
+    with registry.activate():
+        for kernel in kernels:
+            kernel.register_warmup()
+    assert len(registry) == (0 if mode == "always" else len(kernels))

@@ -16,13 +16,14 @@ and its modes (so :func:`~triton_mla_sparse.integrations.vllm.register` stops vL
   in software (``auto``: builds for CUDA targets below sm89; ``always``: every CUDA target; see
   :mod:`triton_mla_sparse.integrations.vllm.fp8_compat`);
 * ``TRITON_MLA_SPARSE_DSV4`` = ``auto`` | ``triton`` | ``off``: DeepSeek-V4's attention on this package's kernels
-  where vLLM 0.33 has none that runs (``auto``: SM 12.x without FlashInfer's V4 kernels; below SM 9.0 too, where the
-  build still stops) or on every CUDA GPU from SM 8.0 (``triton``), and a build that stops with one ``ValueError``
+  where vLLM 0.33 has none that runs (``auto``: SM 12.x without FlashInfer's V4 kernels; below SM 9.0 too) or on
+  every CUDA GPU from SM 8.0 (``triton``), and a build that stops with one ``ValueError``
   naming the components that still cannot run; ``off``: left to vLLM (it then fails inside the kernels at run
   time); see :mod:`triton_mla_sparse.integrations.vllm.v4`;
 * ``TRITON_MLA_SPARSE_DSV4_PORTABLE`` = ``auto`` | ``always`` | ``off``: where this package's DeepSeek-V4 layer
-  runs, its o_proj einsum and the first-layer mHC prenorm on portable code where DeepGEMM is not supported
-  (``auto``), everywhere (``always``) or nowhere; see :mod:`triton_mla_sparse.integrations.vllm.v4_portable`.
+  runs, its o_proj einsum and the first-layer mHC prenorm on portable code where DeepGEMM is not supported, and its
+  CuTeDSL compressor and indexer-q calls on vLLM's Triton kernels below SM 8.9 (``auto``), everywhere (``always``)
+  or nowhere; see :mod:`triton_mla_sparse.integrations.vllm.v4_portable`.
 """
 
 from __future__ import annotations

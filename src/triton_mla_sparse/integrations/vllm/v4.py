@@ -12,9 +12,9 @@ Where :func:`routes_attention` says so, the wrapper returns this package's V4 at
 (:func:`.v4_attention.triton_attention_cls`: both caches and the sink read by the Triton kernels) instead of vLLM's
 class, and the attention row no longer blocks; nor do the rows the plugin's other switches take over there
 (:func:`taken_components`: the Triton indexer on V4's compressed cache, the portable o_proj and mHC prenorm of
-:mod:`.v4_portable`, the software e4m3 casts). So on SM 8.9 nothing blocks DeepSeek-V4 with the default switches;
-on SM 8.0 / 8.6 the CuTeDSL compressor and indexer-q kernels still do. DeepSeek-V4 only: V4.1's layer is vLLM's
-everywhere. A backend named with
+:mod:`.v4_portable` and its routes from the CuTeDSL compressor and indexer-q kernels to vLLM's Triton ones, the
+software e4m3 casts). So from SM 8.0 on nothing blocks DeepSeek-V4 with the default switches. DeepSeek-V4 only:
+V4.1's layer is vLLM's everywhere. A backend named with
 ``--attention-backend`` is vLLM's to honour: ``auto`` then leaves the choice to vLLM, ``triton`` refuses the
 combination.
 
@@ -50,7 +50,8 @@ from typing import Any
 from .policy import (DSV4_ENV, DSV4_MODES, dsv4_mode, dsv4_portable_mode, indexer_mode, logger, soft_fp8_mode,
                      warn_once)
 
-__all__ = ["Component", "COMPONENTS", "ATTENTION", "INDEXER", "EINSUM", "PRENORM", "CASTS", "MODEL_MODULES",
+__all__ = ["Component", "COMPONENTS", "ATTENTION", "INDEXER", "EINSUM", "PRENORM", "COMPRESSOR", "INDEXER_Q", "CASTS",
+           "MODEL_MODULES",
            "HOOK_NAME", "EXPECTED_HOOK_PARAMS", "taken_components", "blocking_components", "error_message",
            "check_capability", "routes_attention", "flashinfer_sm120_ready", "wrap_module", "install", "uninstall",
            "installed_modules"]
@@ -112,14 +113,17 @@ COMPONENTS: tuple[Component, ...] = (
         "vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl",
         (8, 9), (V4,),
         "DeepseekCompressor with head dim 512 on CUDA always takes it; it packs e4m3 with "
-        "cvt.rn.satfinite.e4m3x2.f32, a PTX instruction of sm_89+. V4.1 compresses with Triton (the casts row)."),
+        "cvt.rn.satfinite.e4m3x2.f32, a PTX instruction of sm_89+. The plugin sends its calls to vLLM's Triton "
+        "compressor (compress_norm_rope_store_triton, vLLM's path on AMD; its casts are the casts row) below SM 8.9 "
+        "(v4_portable.install_cutedsl_routes). V4.1 compresses with Triton (the casts row)."),
     Component(
         "indexer q quantization (CuTeDSL)",
         "vllm.models.deepseek_v4.nvidia.ops.fused_indexer_q_cutedsl",
         (8, 9), (V4,),
         "fused_indexer_q_rope_quant (vllm.models.deepseek_v4.common.ops.fused_indexer_q) runs the CuTeDSL kernel "
         "whenever cutlass's DSL is installed (vLLM ships it), which packs e4m3 with cvt.rn.satfinite.e4m3x2.f32 "
-        "(sm_89+ PTX); the Triton kernel the software casts route is its fallback without CuTeDSL only."),
+        "(sm_89+ PTX); its Triton kernel (the casts row) runs without CuTeDSL only. The plugin answers that "
+        "module's has_cutedsl() False below SM 8.9 (v4_portable.install_cutedsl_routes)."),
     Component(
         "fp8 casts in V4's Triton kernels (tl.float8e4nv)",
         "vllm.models.deepseek_v4.common.ops, vllm.models.deepseek_v41.common.ops",
@@ -139,7 +143,7 @@ COMPONENTS: tuple[Component, ...] = (
 #: The attention row: routed to this package's layer (not blocking) wherever :func:`routes_attention` holds.
 ATTENTION = COMPONENTS[0]
 #: The rows :func:`taken_components` may take over where the attention is routed.
-INDEXER, EINSUM, PRENORM, CASTS = COMPONENTS[1], COMPONENTS[2], COMPONENTS[3], COMPONENTS[6]
+INDEXER, EINSUM, PRENORM, COMPRESSOR, INDEXER_Q, CASTS = COMPONENTS[1:7]
 
 #: vLLM 0.33's CUDA model modules whose ``_select_dsv4_attn_cls`` every decoder layer calls, and their model.
 MODEL_MODULES: dict[str, str] = {
@@ -161,8 +165,9 @@ def _cap(capability: Any) -> tuple[int, int]:
 def taken_components(model: str) -> tuple[Component, ...]:
     """The components besides the attention that this package takes over for ``model`` where its attention layer
     runs, by the plugin's switches: DeepSeek-V4's indexer logits (``TRITON_MLA_SPARSE_INDEXER`` not ``off``: ``auto``
-    picks the Triton indexer wherever DeepGEMM cannot run), its o_proj einsum and first-layer mHC prenorm
-    (``TRITON_MLA_SPARSE_DSV4_PORTABLE`` not ``off``: :mod:`.v4_portable`), its Triton kernels' e4m3 casts
+    picks the Triton indexer wherever DeepGEMM cannot run), its o_proj einsum, first-layer mHC prenorm, CuTeDSL
+    compressor and indexer-q kernels (``TRITON_MLA_SPARSE_DSV4_PORTABLE`` not ``off``: :mod:`.v4_portable`), its
+    Triton kernels' e4m3 casts
     (``TRITON_MLA_SPARSE_SOFT_FP8`` not ``off``). None for V4.1 (its layer, indexer candidates and ops are
     vLLM's)."""
     if model != V4:
@@ -171,7 +176,7 @@ def taken_components(model: str) -> tuple[Component, ...]:
     if indexer_mode() != "off":
         taken.append(INDEXER)
     if dsv4_portable_mode() != "off":
-        taken += [EINSUM, PRENORM]
+        taken += [EINSUM, PRENORM, COMPRESSOR, INDEXER_Q]
     if soft_fp8_mode() != "off":
         taken.append(CASTS)
     return tuple(taken)
@@ -281,6 +286,12 @@ def _make_wrapper(original: Callable[..., Any], module: ModuleType, model: str) 
 
                 if not install_portable():  # vLLM's hook is missing: the prenorm stays DeepGEMM's
                     taken = tuple(c for c in taken if c is not PRENORM)
+            if COMPRESSOR in taken:
+                from .v4_portable import cutedsl_route_wanted, install_cutedsl_routes
+
+                # installed where they route (below SM 8.9, or always); vLLM's modules missing: both stay CuTeDSL
+                if cutedsl_route_wanted() and not install_cutedsl_routes():
+                    taken = tuple(c for c in taken if c not in (COMPRESSOR, INDEXER_Q))
             check_capability(capability, model, routed, taken)
             if routed:
                 from .v4_attention import triton_attention_cls

@@ -1,4 +1,4 @@
-"""Portable stand-ins for the two DeepGEMM calls of vLLM 0.33's DeepSeek-V4 path that have no fallback below SM 9.0.
+"""Portable stand-ins for the pieces of vLLM 0.33's DeepSeek-V4 path that have no fallback on SM 8.x GPUs.
 
 * **The o_proj fp8 einsum** (``deep_gemm_fp8_o_proj``: inverse RoPE, then DeepGEMM's ``fp8_einsum`` over the
   grouped ``wo_a``). vLLM's own function already has a bf16 branch (``fused_inv_rope_fp8_quant(..., quantize=False)``
@@ -12,10 +12,19 @@
   wraps that function: such calls get ``out = x·fnᵀ`` and ``sqrsum = Σ x²`` in float32 torch, one split (the
   TileLang kernel that consumes them reads the split count from the tensors); every other call is vLLM's.
 
+* **V4's two CuTeDSL kernels** (sm_89+ PTX: they pack e4m3 with ``cvt.rn.satfinite.e4m3x2.f32``): the head-512
+  KV compressor (``DeepseekCompressor`` takes ``_SPARSE_ATTN_COMPRESSOR_CUTEDSL_KERNEL`` on every CUDA GPU) and the
+  indexer's q quantization (``fused_indexer_q_rope_quant`` takes the CuTeDSL kernel whenever cutlass's DSL is
+  installed). vLLM has Triton kernels for both (its path on AMD and without CuTeDSL); :func:`install_cutedsl_routes`
+  sends the calls there — the compressor through :func:`portable_compress` (vLLM's
+  ``compress_norm_rope_store_triton``; the fp8_ds_mla cache this package's layer uses), the indexer q by answering
+  ``has_cutedsl()`` False in that module — and keeps the CuTeDSL kernels out of vLLM's JIT warm-up (which would
+  compile them). Their e4m3 casts are then the software casts' (``TRITON_MLA_SPARSE_SOFT_FP8``).
+
 Where (``TRITON_MLA_SPARSE_DSV4_PORTABLE``), wherever this package's V4 layer runs: ``auto`` (default) where vLLM's
-``is_deep_gemm_supported()`` is false (SM 8.x), ``always`` on every GPU (to compare the two on one that has
-DeepGEMM), ``off`` never — then :mod:`.v4`'s build check counts both components as blocking below SM 9.0.
-Importing this module imports neither vLLM nor CUDA.
+``is_deep_gemm_supported()`` is false (SM 8.x) for the DeepGEMM stand-ins and below SM 8.9 for the CuTeDSL routes,
+``always`` on every GPU (to compare them with vLLM's kernels on one GPU), ``off`` never — then :mod:`.v4`'s build
+check counts these components as blocking (below SM 9.0 / 8.9). Importing this module imports neither vLLM nor CUDA.
 """
 
 from __future__ import annotations
@@ -27,13 +36,29 @@ import torch
 
 from .policy import dsv4_portable_mode, warn_once
 
-__all__ = ["BLOCK", "PRENORM_MODULE", "PRENORM_HOOK", "dequantize_block_fp8", "dequantize_wo_a", "install",
-           "installed", "portable_wanted", "prenorm_outputs", "route_wo_a", "uninstall"]
+__all__ = ["BLOCK", "PRENORM_MODULE", "PRENORM_HOOK", "COMPRESSOR_MODULE", "COMPRESSOR_KERNEL", "COMPRESSOR_WARMUPS",
+           "INDEXER_Q_MODULE", "INDEXER_Q_CUTEDSL_MODULE", "INDEXER_Q_WARMUPS", "CUTEDSL_MIN_CAPABILITY",
+           "cutedsl_route_wanted", "dequantize_block_fp8", "dequantize_wo_a", "install", "install_cutedsl_routes",
+           "installed", "cutedsl_routes_installed", "portable_compress", "portable_wanted", "prenorm_outputs",
+           "route_wo_a", "uninstall", "uninstall_cutedsl_routes"]
 
 BLOCK = 128  # DeepSeek-V4's fp8 weights: one scale per 128 x 128 block
 PRENORM_MODULE = "vllm.model_executor.kernels.mhc.tilelang"
 PRENORM_HOOK = "_hc_prenorm_gemm_outputs"
 _MARK = "_triton_mla_sparse_portable_prenorm"
+COMPRESSOR_MODULE = "vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl"
+COMPRESSOR_KERNEL = "_SPARSE_ATTN_COMPRESSOR_CUTEDSL_KERNEL"
+#: The compressor's CuTeDSL kernels that ``DeepseekCompressor`` registers for vLLM's JIT warm-up.
+COMPRESSOR_WARMUPS = ("_SPARSE_ATTN_COMPRESS_NORM_ROPE_STORE_C4_KERNEL",
+                      "_SPARSE_ATTN_COMPRESS_NORM_ROPE_STORE_FULL_C4_KERNEL", "_SPARSE_ATTN_COMPRESS_C128_BLOCK8_KERNEL",
+                      "_SPARSE_ATTN_NORM_ROPE_STORE_KERNEL", "_SPARSE_ATTN_NORM_ROPE_STORE_FULL_KERNEL")
+INDEXER_Q_MODULE = "vllm.models.deepseek_v4.common.ops.fused_indexer_q"
+INDEXER_Q_CUTEDSL_MODULE = "vllm.models.deepseek_v4.nvidia.ops.fused_indexer_q_cutedsl"
+#: The indexer-q CuTeDSL kernels that ``DeepseekV4Indexer`` registers for vLLM's JIT warm-up.
+INDEXER_Q_WARMUPS = ("_INDEXER_Q_FP8_KERNEL", "_INDEXER_Q_MXFP4_KERNEL")
+#: The CuTeDSL kernels' e4m3 packing instruction needs this capability.
+CUTEDSL_MIN_CAPABILITY = (8, 9)
+_ROUTE_MARK = "_triton_mla_sparse_cutedsl_route"
 
 
 def portable_wanted(mode: str | None = None) -> bool:
@@ -163,3 +188,129 @@ def uninstall() -> None:
     current = getattr(module, PRENORM_HOOK, None) if module is not None else None
     if current is not None and hasattr(current, _MARK):
         setattr(module, PRENORM_HOOK, getattr(current, _MARK))
+
+
+def cutedsl_route_wanted(mode: str | None = None) -> bool:
+    """Whether V4's CuTeDSL compressor and indexer-q calls go to vLLM's Triton kernels in this process: ``always``;
+    ``auto`` below :data:`CUTEDSL_MIN_CAPABILITY` (vLLM's ``current_platform``); never with ``off``."""
+    mode = dsv4_portable_mode() if mode is None else mode
+    if mode == "off":
+        return False
+    if mode == "always":
+        return True
+    from vllm.platforms import current_platform
+
+    capability = current_platform.get_device_capability()
+    return capability is not None and (capability.major, capability.minor) < CUTEDSL_MIN_CAPABILITY
+
+
+def portable_compress(**kwargs: Any) -> None:
+    """The head-512 compressor call (``_SPARSE_ATTN_COMPRESSOR_CUTEDSL_KERNEL``'s keyword arguments) on vLLM's
+    Triton kernel (``compress_norm_rope_store_triton``), which writes the fp8_ds_mla cache only: a full-row cache
+    (``store_full_kv``) raises ``ValueError``."""
+    if kwargs.pop("store_full_kv", False) or kwargs.pop("store_full_fp8", False):
+        raise ValueError("store_full_kv: the portable V4 compressor writes the fp8_ds_mla cache only, not full rows")
+    kwargs.pop("fp8_scale", None)
+    if kwargs["positions"].numel() == 0:  # as the CuTeDSL kernel: nothing to store (and no empty grid)
+        return
+    from vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache import compress_norm_rope_store_triton
+
+    compress_norm_rope_store_triton(**kwargs)
+
+
+def _compressor_route(original: Any) -> Any:
+    """``original`` (vLLM's CuTeDSL compressor object) with its calls sent to :func:`portable_compress` where
+    :func:`cutedsl_route_wanted`."""
+
+    def compressor(**kwargs: Any) -> None:
+        if cutedsl_route_wanted():
+            return portable_compress(**kwargs)
+        return original(**kwargs)
+
+    setattr(compressor, _ROUTE_MARK, original)
+    return compressor
+
+
+def _has_cutedsl_route(original: Any) -> Any:
+    """vLLM's ``has_cutedsl`` as ``fused_indexer_q`` asks it: False where :func:`cutedsl_route_wanted`."""
+
+    @functools.wraps(original)
+    def has_cutedsl() -> bool:
+        return False if cutedsl_route_wanted() else original()
+
+    setattr(has_cutedsl, _ROUTE_MARK, original)
+    return has_cutedsl
+
+
+def _warmup_route(kernel: Any) -> None:
+    """Keep ``kernel`` (a CuTeDSL ``VllmJitKernel``) out of vLLM's JIT warm-up where :func:`cutedsl_route_wanted`:
+    its ``register_warmup`` then registers nothing (an instance attribute; the class method stays)."""
+    if _ROUTE_MARK in vars(kernel):
+        return
+    original = kernel.register_warmup
+
+    def register_warmup(*args: Any, **kwargs: Any) -> None:
+        if not cutedsl_route_wanted():
+            original(*args, **kwargs)
+
+    kernel.register_warmup = register_warmup
+    setattr(kernel, _ROUTE_MARK, True)
+
+
+def install_cutedsl_routes() -> bool:
+    """Route V4's CuTeDSL compressor and indexer-q kernels (idempotent; imports vLLM's three modules, which import
+    cutlass's DSL but touch no GPU). Returns whether every route is in place; a missing module or name logs one
+    warning (those kernels then stay vLLM's)."""
+    import importlib
+
+    try:
+        compressor = importlib.import_module(COMPRESSOR_MODULE)
+        indexer_q = importlib.import_module(INDEXER_Q_MODULE)
+        indexer_q_cutedsl = importlib.import_module(INDEXER_Q_CUTEDSL_MODULE)
+    except ImportError as e:
+        warn_once("cutedsl-import", "triton-mla-sparse: DeepSeek-V4's CuTeDSL modules do not import (%s); its "
+                  "compressor and indexer q stay vLLM's.", e)
+        return False
+    names = [(compressor, n) for n in (COMPRESSOR_KERNEL, *COMPRESSOR_WARMUPS)]
+    names += [(indexer_q, "has_cutedsl")] + [(indexer_q_cutedsl, n) for n in INDEXER_Q_WARMUPS]
+    missing = [f"{m.__name__}.{n}" for m, n in names if getattr(m, n, None) is None]
+    if missing:
+        warn_once("cutedsl-missing", "triton-mla-sparse: %s missing (not vLLM 0.33); DeepSeek-V4's compressor and "
+                  "indexer q stay vLLM's.", ", ".join(missing))
+        return False
+    if not hasattr(getattr(compressor, COMPRESSOR_KERNEL), _ROUTE_MARK):
+        setattr(compressor, COMPRESSOR_KERNEL, _compressor_route(getattr(compressor, COMPRESSOR_KERNEL)))
+    if not hasattr(indexer_q.has_cutedsl, _ROUTE_MARK):
+        indexer_q.has_cutedsl = _has_cutedsl_route(indexer_q.has_cutedsl)
+    for module, warmups in ((compressor, COMPRESSOR_WARMUPS), (indexer_q_cutedsl, INDEXER_Q_WARMUPS)):
+        for name in warmups:
+            _warmup_route(getattr(module, name))
+    return True
+
+
+def cutedsl_routes_installed() -> bool:
+    """Whether the compressor and indexer-q routes are in place (without importing anything)."""
+    import sys
+
+    compressor, indexer_q = sys.modules.get(COMPRESSOR_MODULE), sys.modules.get(INDEXER_Q_MODULE)
+    return (compressor is not None and indexer_q is not None
+            and hasattr(getattr(compressor, COMPRESSOR_KERNEL, None), _ROUTE_MARK)
+            and hasattr(getattr(indexer_q, "has_cutedsl", None), _ROUTE_MARK))
+
+
+def uninstall_cutedsl_routes() -> None:
+    """Put vLLM's compressor object, ``has_cutedsl`` and warm-up registration back (for tests)."""
+    import sys
+
+    compressor, indexer_q = sys.modules.get(COMPRESSOR_MODULE), sys.modules.get(INDEXER_Q_MODULE)
+    indexer_q_cutedsl = sys.modules.get(INDEXER_Q_CUTEDSL_MODULE)
+    for module, name in ((compressor, COMPRESSOR_KERNEL), (indexer_q, "has_cutedsl")):
+        current = getattr(module, name, None) if module is not None else None
+        if current is not None and hasattr(current, _ROUTE_MARK):
+            setattr(module, name, getattr(current, _ROUTE_MARK))
+    for module, warmups in ((compressor, COMPRESSOR_WARMUPS), (indexer_q_cutedsl, INDEXER_Q_WARMUPS)):
+        for name in warmups if module is not None else ():
+            kernel = getattr(module, name, None)
+            if kernel is not None and _ROUTE_MARK in vars(kernel):
+                del kernel.register_warmup
+                delattr(kernel, _ROUTE_MARK)
