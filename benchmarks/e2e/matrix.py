@@ -85,6 +85,14 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
                                         "TRITON_MLA_SPARSE_DSV4_PORTABLE": "always"}))
             pair("sm8x_vs_native", f"{tag}-ours-sm8x", f"{tag}-ours", variant=variant, mode="graphs",
                  kv="fp8_ds_mla", indexer="ours")
+        if "eager" in modes:  # the same eager, each portable call also made with vLLM's kernel (shadow_portable)
+            tag = f"{variant}-eager-fp8_ds_mla"
+            specs.append(base_spec(f"{tag}-ours-sm8x", variant=variant, backend=OURS_V4, kv="fp8_ds_mla",
+                                   mode="eager", model_root=model_root, count_calls=True, shadow_portable=True,
+                                   env={"TRITON_MLA_SPARSE_INDEXER": "always", "TRITON_MLA_SPARSE_SOFT_FP8": "always",
+                                        "TRITON_MLA_SPARSE_DSV4_PORTABLE": "always"}))
+            pair("sm8x_vs_native", f"{tag}-ours-sm8x", f"{tag}-ours", variant=variant, mode="eager",
+                 kv="fp8_ds_mla", indexer="ours")
         if {"eager", "graphs"} <= set(modes):
             for who in ("peer", "ours"):
                 pair(f"{who}_eager_vs_graphs", f"{variant}-eager-fp8_ds_mla-{who}",

@@ -156,13 +156,19 @@ class PortableCounter:
     """Wraps the plugin's portable stand-ins: the mHC prenorm (``v4_portable.prenorm_outputs``, DeepSeek-V4's first
     layer where DeepGEMM is not used), the compressor (``v4_portable.portable_compress``, vLLM's Triton compressor
     for its CuTeDSL one) and vLLM's Triton indexer-q kernel (run where the routes answer ``has_cutedsl()`` False):
-    their calls, eager and recorded into CUDA graphs, over the whole engine life."""
+    their calls, eager and recorded into CUDA graphs, over the whole engine life. With ``shadow`` (an eager engine
+    on a GPU where vLLM's own kernels run), each eager call is also made with vLLM's kernel (DeepGEMM's prenorm,
+    the CuTeDSL compressor into a copy of the cache, the CuTeDSL indexer q into fresh outputs) and the worst
+    differences kept per component."""
 
-    def __init__(self) -> None:
+    def __init__(self, shadow: bool = False) -> None:
         self.stats = {f"{what}_{when}": 0 for what in ("prenorm", "compress", "indexer_q")
                       for when in ("calls", "captured")}
+        self.shadow = shadow
+        self.diffs: dict[str, dict[str, float]] = {}
+        self.errors: list[str] = []
 
-    def _count(self, what: str, original):
+    def _count(self, what: str, original, shadow=None):
         import torch
 
         stats = self.stats
@@ -170,26 +176,108 @@ class PortableCounter:
         def counted(*args, **kwargs):
             capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
             stats[f"{what}_{'captured' if capturing else 'calls'}"] += 1
-            return original(*args, **kwargs)
+            if shadow is None or capturing:
+                return original(*args, **kwargs)
+            try:
+                return shadow(original, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001 (recorded; the engine goes on with the portable result)
+                self.errors.append(f"{what}: {type(e).__name__}: {str(e)[:300]}")
+                return original(*args, **kwargs)
 
         return counted
+
+    def _keep(self, what: str, mine, theirs) -> None:
+        import torch
+
+        a, b = mine.float(), theirs.float()
+        scale = float(b.abs().max()) if b.numel() else 0.0
+        d = self.diffs.setdefault(what, {"calls": 0, "max_abs": 0.0, "max_rel": 0.0, "nonfinite": 0})
+        d["calls"] += 1
+        if a.numel():
+            diff = torch.nan_to_num((a - b).abs(), nan=float("inf"))
+            d["max_abs"] = max(d["max_abs"], float(diff.max()))
+            d["max_rel"] = max(d["max_rel"], float(diff.max()) / max(scale, 1e-30))
+            d["nonfinite"] += int((~torch.isfinite(a)).sum())
+
+    def _prenorm_shadow(self, original, x, fn):
+        from vllm.utils.deep_gemm import tf32_hc_prenorm_gemm
+
+        out, sqrsum = original(x, fn)
+        ref_out = out.new_empty(out.shape)
+        ref_sq = sqrsum.new_empty(sqrsum.shape)
+        tf32_hc_prenorm_gemm(x, fn, ref_out, ref_sq, 1)
+        self._keep("prenorm_out", out, ref_out)
+        self._keep("prenorm_sqrsum", sqrsum, ref_sq)
+        return out, sqrsum
+
+    def _compress_shadow(self, original, **kw):
+        import importlib
+
+        import torch
+
+        from triton_mla_sparse import formats
+        from triton_mla_sparse.integrations.vllm import v4_portable
+
+        module = importlib.import_module(v4_portable.COMPRESSOR_MODULE)
+        cutedsl = getattr(getattr(module, v4_portable.COMPRESSOR_KERNEL), "_triton_mla_sparse_cutedsl_route")
+        kv = kw["kv_cache"]
+        ref = kv.clone()
+        cutedsl(**{**kw, "kv_cache": ref})
+        result = original(**kw)
+        pages = kv.reshape(kv.shape[0], -1)
+        ref_pages = ref.reshape(ref.shape[0], -1)
+        changed = (pages != ref_pages).any(dim=1)
+        d = self.diffs.setdefault("compress_bytes", {"calls": 0, "bytes": 0, "pages": 0})
+        d["calls"] += 1
+        d["bytes"] += int((pages != ref_pages).sum())
+        d["pages"] += int(changed.sum())
+        bs = formats.v4_block_size(pages.shape[1])
+        if bs is not None and bool(changed.any()):
+            mine = formats.dequantize_fp8_ds_mla_v4(pages[changed].contiguous(), bs)
+            theirs = formats.dequantize_fp8_ds_mla_v4(ref_pages[changed].contiguous(), bs)
+            self._keep("compress_values", mine, theirs)
+        torch.cuda.synchronize()
+        return result
+
+    def _indexer_q_shadow(self, original, positions, q, cos_sin, weights, softmax_scale, head_scale, q_fp8,
+                          weights_out, **kw):
+        import importlib
+
+        import torch
+
+        from triton_mla_sparse.integrations.vllm import v4_portable
+
+        result = original(positions, q, cos_sin, weights, softmax_scale, head_scale, q_fp8, weights_out, **kw)
+        cutedsl = importlib.import_module(v4_portable.INDEXER_Q_CUTEDSL_MODULE)._INDEXER_Q_FP8_KERNEL
+        ref_q, ref_w = q_fp8.clone(), weights_out.clone()
+        cutedsl(positions=positions, q=q, cos_sin_cache=cos_sin, weights=weights, weights_softmax_scale=softmax_scale,
+                weights_head_scale=head_scale, q_fp8=ref_q.view(torch.uint8), weights_out=ref_w)
+        self._keep("indexer_q_values", q_fp8, ref_q)
+        self._keep("indexer_q_weights", weights_out, ref_w)
+        return result
 
     def install(self) -> None:
         import importlib
 
         from triton_mla_sparse.integrations.vllm import v4_portable
 
-        v4_portable.prenorm_outputs = self._count("prenorm", v4_portable.prenorm_outputs)
-        v4_portable.portable_compress = self._count("compress", v4_portable.portable_compress)
+        v4_portable.prenorm_outputs = self._count("prenorm", v4_portable.prenorm_outputs,
+                                                  self._prenorm_shadow if self.shadow else None)
+        v4_portable.portable_compress = self._count("compress", v4_portable.portable_compress,
+                                                    self._compress_shadow if self.shadow else None)
         indexer_q = importlib.import_module(v4_portable.INDEXER_Q_MODULE)
         name = "_FUSED_INDEXER_Q_ROPE_QUANT_TRITON_KERNEL"  # what fused_indexer_q_rope_quant calls without CuTeDSL
-        setattr(indexer_q, name, self._count("indexer_q", getattr(indexer_q, name)))
+        setattr(indexer_q, name, self._count("indexer_q", getattr(indexer_q, name),
+                                             self._indexer_q_shadow if self.shadow else None))
 
     def summary(self) -> dict[str, Any]:
         from triton_mla_sparse.integrations.vllm import v4_portable
 
-        return {**self.stats, "installed": v4_portable.installed(),
-                "cutedsl_routes": v4_portable.cutedsl_routes_installed()}
+        out = {**self.stats, "installed": v4_portable.installed(),
+               "cutedsl_routes": v4_portable.cutedsl_routes_installed()}
+        if self.shadow:
+            out.update(shadow=self.diffs, shadow_errors=self.errors[:10], shadow_error_count=len(self.errors))
+        return out
 
 
 def shadow_errors(mine, theirs, heads: int, rows: slice) -> dict[str, float]:
@@ -346,7 +434,7 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
         shadow.install()
     portable = None
     if spec.get("env", {}).get("TRITON_MLA_SPARSE_DSV4_PORTABLE"):
-        portable = PortableCounter()
+        portable = PortableCounter(shadow=bool(spec.get("shadow_portable")))
         portable.install()
     attention_shadow = None
     if spec.get("shadow_attention"):
