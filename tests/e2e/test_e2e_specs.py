@@ -52,12 +52,14 @@ def test_matrix_covers_the_issue():
         assert o["env"] == {"TRITON_MLA_SPARSE_SOFT_FP8": "always"} and q["env"] == {} and o["backend"] == q["backend"]
     # DeepSeek-V4's SM 8.x path forced (every component the plugin runs instead of vLLM's) against ours plain
     sm8x = [p for p in pairs if p["kind"] == "sm8x_vs_native"]
-    assert {(p["variant"], p["mode"]) for p in sm8x} == {("dsv4-h8", "graphs"), ("dsv4-h64", "graphs")}
+    assert {(p["variant"], p["mode"]) for p in sm8x} == {(v, m) for v in ("dsv4-h8", "dsv4-h64")
+                                                         for m in ("eager", "graphs")}
     for p in sm8x:
         o, q = by_name[p["ours"]], by_name[p["peer"]]
         assert o["env"] == {"TRITON_MLA_SPARSE_INDEXER": "always", "TRITON_MLA_SPARSE_SOFT_FP8": "always",
                             "TRITON_MLA_SPARSE_DSV4_PORTABLE": "always"} and q["env"] == {}
         assert o["backend"] == q["backend"] == OURS_V4 and o.get("count_calls")
+        assert o["mode"] == q["mode"] == p["mode"] and bool(o.get("shadow_portable")) == (p["mode"] == "eager")
 
 
 def test_serving_specs():
