@@ -221,17 +221,25 @@ class PortableCounter:
         module = importlib.import_module(v4_portable.COMPRESSOR_MODULE)
         cutedsl = getattr(getattr(module, v4_portable.COMPRESSOR_KERNEL), "_triton_mla_sparse_cutedsl_route")
         kv = kw["kv_cache"]
-        ref = kv.clone()
+        ref = torch.empty_strided(kv.shape, kv.stride(), dtype=kv.dtype, device=kv.device).copy_(kv)  # same strides
         cutedsl(**{**kw, "kv_cache": ref})
         result = original(**kw)
-        pages = kv.reshape(kv.shape[0], -1)
-        ref_pages = ref.reshape(ref.shape[0], -1)
+        if kv.dim() == 3 and kv.shape[-1] == formats.V4_TOKEN_BYTES:  # [blocks, block_size, 584], pages strided
+            bs = kv.shape[1]
+
+            def flat(t):
+                return t.as_strided((t.shape[0], bs * formats.V4_TOKEN_BYTES), (t.stride(0), 1))
+        else:
+            bs = formats.v4_block_size(kv[0].numel())
+
+            def flat(t):
+                return t.reshape(t.shape[0], -1)
+        pages, ref_pages = flat(kv), flat(ref)
         changed = (pages != ref_pages).any(dim=1)
         d = self.diffs.setdefault("compress_bytes", {"calls": 0, "bytes": 0, "pages": 0})
         d["calls"] += 1
         d["bytes"] += int((pages != ref_pages).sum())
         d["pages"] += int(changed.sum())
-        bs = formats.v4_block_size(pages.shape[1])
         if bs is not None and bool(changed.any()):
             mine = formats.dequantize_fp8_ds_mla_v4(pages[changed].contiguous(), bs)
             theirs = formats.dequantize_fp8_ds_mla_v4(ref_pages[changed].contiguous(), bs)
