@@ -172,3 +172,64 @@ def test_the_layer_builds_from_a_v4_config(cuda_platform_module, tmp_path):
     assert (got["heads"], got["padded"], got["ratio"], got["sink"]) == (8, 8, 1, [8])
     assert (got["dtype"], got["torch_dtype"], got["swa_dtype"]) == ("fp8_ds_mla", "torch.uint8", "torch.uint8")
     assert got["backend"] == "FLASHINFER_MLA_SPARSE_DSV4" and abs(got["scale"] - 512 ** -0.5) < 1e-12
+
+
+def _v41_layer(compress_ratio, T, seed=0):
+    """A V4.1-shaped layer: compressed layers (ratio 1 or 2) read the kv-source layer's cache
+    (``_compressed_kv_cache()``, its metadata under ``compressed_cache_prefix``) and the index source's top-k."""
+    layer = _layer(4 if compress_ratio else 1, T, seed)  # the caches and a top-k buffer of V4's C4A shape
+    cmp = _pages(8, CMP_BS, seed + 2) if compress_ratio else None
+    layer.compress_ratio = compress_ratio
+    layer.kv_cache = None  # a consumer layer owns no compressed cache
+    layer.compressed_cache_prefix = "model.layers.0.attn.compressor" if compress_ratio else None
+    layer._compressed_kv_cache = lambda: cmp
+    layer.topk_indices_buffer = layer.topk_indices_buffer if compress_ratio else None
+    return layer
+
+
+@pytest.mark.parametrize("compress_ratio", [0, 1, 2], ids=["swa-only", "c1a", "c2a"])
+@pytest.mark.parametrize("nd,npf", [(3, 0), (0, 4), (2, 3)], ids=["decode", "prefill", "mixed"])
+def test_v41_forward_matches_the_reference(compress_ratio, nd, npf):
+    from vllm.models.deepseek_v41.sparse_mla import DeepseekV4FlashMLAMetadata
+
+    T = nd + npf
+    layer = _v41_layer(compress_ratio, T)
+    md, swa_idx, swa_lens = _metadata(SimpleNamespace(**{**vars(layer), "compress_ratio": 1}), nd, npf)
+    extra = {}
+    if compress_ratio:
+        swa = md[layer.swa_cache_layer.prefix]
+        reqs = swa.block_table.shape[0]
+        g = torch.Generator().manual_seed(5)
+        block_table = torch.stack([torch.randperm(8, generator=g) for _ in range(reqs)]).to(torch.int32)
+        md[layer.compressed_cache_prefix] = DeepseekV4FlashMLAMetadata(
+            num_reqs=reqs, max_query_len=max(npf, 1), max_seq_len=1, num_actual_tokens=T,
+            query_start_loc=torch.zeros(reqs + 1, dtype=torch.int32), slot_mapping=torch.zeros(T, dtype=torch.int64),
+            block_table=block_table, req_id_per_token=swa.token_to_req_indices, block_size=CMP_BS * compress_ratio,
+            topk_tokens=TOPK)
+        idx, lens = global_topk(layer.topk_indices_buffer, swa.token_to_req_indices, block_table, CMP_BS,
+                                swa.is_valid_token)
+        extra = dict(extra_kv_cache=layer._compressed_kv_cache(), extra_indices=idx, extra_topk_length=lens)
+    q = torch.randn(T, H, 512, dtype=torch.float16)
+    out = torch.full((T, H, 512), float("nan"), dtype=torch.float16)
+    VA.forward_v41(layer, q, out, md, global_topk)
+    want = reference.sparse_mla_attention(q, layer.swa_cache_layer.kv_cache, swa_idx, SCALE,
+                                          kv_format="fp8_ds_mla_v4", topk_length=swa_lens,
+                                          attn_sink=layer.attn_sink, out_dtype=torch.float32, **extra)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, want) <= TOL
+    if compress_ratio:  # the compressed metadata is the kv source's: without it the layer refuses to run
+        del md[layer.compressed_cache_prefix]
+        with pytest.raises(ValueError, match="a compressed layer needs its metadata"):
+            VA.forward_v41(layer, q, out, md, global_topk)
+
+
+def test_the_v41_layer_class(cuda_platform_module):
+    from vllm.models.deepseek_v41.attention import DeepseekV4Attention
+
+    cls = VA.triton_attention_cls_v41()
+    assert cls is VA.triton_attention_cls_v41() and cls is not VA.triton_attention_cls()
+    assert issubclass(cls, DeepseekV4Attention) and cls.use_fp8_ds_mla_layout
+    assert cls.get_padded_num_q_heads(8) == 8 and cls.get_padded_num_q_heads(64) == 64  # no padding
+    assert cls.backend_cls.get_name() == "FLASHINFER_MLA_SPARSE_DSV41"
+    assert cls.backend_cls.__module__ == "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"  # V4.1's builders
+    assert not getattr(cls, "__abstractmethods__", None)

@@ -25,9 +25,9 @@ FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, INDEXQ, CASTS = (
 # kernels and the e4m3 casts (the plugin's indexer, v4_portable, the software casts), so nothing stops V4 from SM 8.0
 # on. With those three switches off (OFF_ENV) every component blocks again. The CuTeDSL kernels are sm_89+ PTX.
 EXPECTED = {
-    ("DeepSeek-V4.1", (8, 0)): {FLASHMLA, INDEXER, EINSUM, CASTS},
-    ("DeepSeek-V4.1", (8, 6)): {FLASHMLA, INDEXER, EINSUM, CASTS},
-    ("DeepSeek-V4.1", (8, 9)): {FLASHMLA, INDEXER, EINSUM},
+    ("DeepSeek-V4.1", (8, 0)): {INDEXER, EINSUM, CASTS},
+    ("DeepSeek-V4.1", (8, 6)): {INDEXER, EINSUM, CASTS},
+    ("DeepSeek-V4.1", (8, 9)): {INDEXER, EINSUM},
 }
 EXPECTED_OFF = {
     ("DeepSeek-V4", (8, 0)): {INDEXER, EINSUM, MHC, COMPRESSOR, INDEXQ, CASTS},
@@ -40,6 +40,8 @@ SWITCH_ROWS = {policy.INDEXER_ENV: {INDEXER}, policy.DSV4_PORTABLE_ENV: {EINSUM,
 BELOW_SM89 = {COMPRESSOR, INDEXQ, CASTS}  # the rows that run natively on SM 8.9
 OFF_ENV = tuple(SWITCH_ROWS)
 ALL = {FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, INDEXQ, CASTS}
+#: The plugin's attention layer class per model.
+OURS = {"DeepSeek-V4": "DeepseekV4TritonMLAAttention", "DeepSeek-V4.1": "DeepseekV41TritonMLAAttention"}
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +101,7 @@ def test_the_build_stops_with_one_error_naming_each_component(checked, cuda_plat
     for fragment in ALL - expected:
         assert fragment not in msg
     assert msg.count("\n  - ") == len(expected)
-    routed = model == "DeepSeek-V4"
-    assert (f"runs the attention of {model} on its own kernels" in msg) == routed
-    assert (f"does not route {model} to portable kernels" in msg) == (not routed)
+    assert f"runs the attention of {model} on its own kernels" in msg  # both models' layers are routed
     assert f"{policy.DSV4_ENV}=off" in msg
 
 
@@ -158,13 +158,14 @@ def _v4_config(heads=64, window=128, tp=1):
 
 @pytest.mark.parametrize("ready", [True, False])
 def test_sm12x_routes_v4_where_flashinfer_has_no_kernel(checked, cuda_platform_module, monkeypatch, ready):
-    monkeypatch.setattr(v4, "flashinfer_sm120_ready", lambda cfg: ready)
+    asked = []
+    monkeypatch.setattr(v4, "flashinfer_sm120_ready", lambda cfg, model: asked.append(model) or ready)
     for model, module in checked.items():
         got = _select(cuda_platform_module, module, (12, 0))
-        ours = model == "DeepSeek-V4" and not ready
-        assert (got.__name__ == "DeepseekV4TritonMLAAttention") == ours, (model, got)
-        if not ours:
+        assert (got.__name__ == OURS[model]) == (not ready), (model, got)
+        if ready:
             assert got.__name__ == "DeepseekV4FlashInferSM120Attention"
+    assert asked == list(checked)  # each model asked about its own FlashInfer layer
 
 
 def test_flashinfer_sm120_ready_asks_vllms_own_functions(cuda_platform_module, monkeypatch):
@@ -187,6 +188,10 @@ def test_flashinfer_sm120_ready_asks_vllms_own_functions(cuda_platform_module, m
     assert not v4.flashinfer_sm120_ready(_v4_config(96, 128, 8))  # 12 heads -> padded to 16: none
     assert asked == [(8, 128), (64, 128), (64, 96), (16, 128)]
     assert not v4.flashinfer_sm120_ready(object())  # cannot be asked: missing (vLLM would refuse the layer)
+    assert v4.flashinfer_sm120_ready(_v4_config(64, 128, 8), "DeepSeek-V4.1")  # V4.1's own module's functions
+    assert not v4.flashinfer_sm120_ready(_v4_config(96, 128, 8), "DeepSeek-V4.1")
+    assert asked[-2:] == [(8, 128), (16, 128)]
+    del asked[-2:]
     monkeypatch.setattr(fi, "has_flashinfer_sparse_mla_sm120", lambda: False)
     assert not v4.flashinfer_sm120_ready(_v4_config(64, 128, 8))  # no SM120 API at all
     assert len(asked) == 4
@@ -198,7 +203,7 @@ def test_a_named_backend_is_vllms_choice(checked, cuda_platform_module, monkeypa
     from vllm.config import VllmConfig
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    monkeypatch.setattr(v4, "flashinfer_sm120_ready", lambda cfg: False)
+    monkeypatch.setattr(v4, "flashinfer_sm120_ready", lambda cfg, model: False)
     module = checked["DeepSeek-V4"]
     with _cuda_platform_for(cuda_platform_module, 12, 0, True):
         cfg = VllmConfig()
@@ -218,14 +223,13 @@ def test_triton_mode_routes_v4_everywhere(checked, cuda_platform_module, monkeyp
             with pytest.raises(ValueError, match="cannot run on this GPU"):
                 _select(cuda_platform_module, module, capability)
             continue
-        got = _select(cuda_platform_module, module, capability)
-        assert (got.__name__ == "DeepseekV4TritonMLAAttention") == (model == "DeepSeek-V4"), (model, got)
+        assert _select(cuda_platform_module, module, capability).__name__ == OURS[model]
 
 
 @pytest.mark.parametrize("model", sorted(MODULES))
 @pytest.mark.parametrize("capability", [(9, 0), (10, 0), (12, 0)])
 def test_no_change_where_vllms_path_runs(checked, cuda_platform_module, monkeypatch, model, capability):
-    monkeypatch.setattr(v4, "flashinfer_sm120_ready", lambda cfg: True)  # SM 12.x with FlashInfer's V4 kernels
+    monkeypatch.setattr(v4, "flashinfer_sm120_ready", lambda cfg, model: True)  # SM 12.x with FlashInfer's kernels
     module = checked[model]
     got = _select(cuda_platform_module, module, capability)
     from vllm.config import VllmConfig

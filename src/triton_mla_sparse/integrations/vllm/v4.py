@@ -8,13 +8,14 @@ the model builds and then fails inside the kernels at run time; on SM 12.x witho
 vLLM refuses to build the layer. :data:`COMPONENTS` lists each piece of that path that needs a newer GPU, with the
 lowest compute capability it runs on.
 
-Where :func:`routes_attention` says so, the wrapper returns this package's V4 attention layer
-(:func:`.v4_attention.triton_attention_cls`: both caches and the sink read by the Triton kernels) instead of vLLM's
-class, and the attention row no longer blocks; nor do the rows the plugin's other switches take over there
+Where :func:`routes_attention` says so, the wrapper returns this package's V4 / V4.1 attention layer
+(:func:`.v4_attention.triton_attention_cls` / :func:`.v4_attention.triton_attention_cls_v41`: both caches and the
+sink read by the Triton kernels) instead of vLLM's class, and the attention row no longer blocks; nor do the rows the plugin's other switches take over there
 (:func:`taken_components`: the Triton indexer on V4's compressed cache, the portable o_proj and mHC prenorm of
 :mod:`.v4_portable` and its routes from the CuTeDSL compressor and indexer-q kernels to vLLM's Triton ones, the
-software e4m3 casts). So from SM 8.0 on nothing blocks DeepSeek-V4 with the default switches. DeepSeek-V4 only:
-V4.1's layer is vLLM's everywhere. A backend named with
+software e4m3 casts). So from SM 8.0 on nothing blocks DeepSeek-V4 with the default switches. DeepSeek-V4.1 gets
+the attention layer only: its indexer (two-level candidate blocks), o_proj and own Triton ops still block it below
+SM 9.0. A backend named with
 ``--attention-backend`` is vLLM's to honour: ``auto`` then leaves the choice to vLLM, ``triton`` refuses the
 combination.
 
@@ -29,7 +30,7 @@ capability is unknown) vLLM's function runs unchanged.
 
 Switch: ``TRITON_MLA_SPARSE_DSV4`` = ``auto`` (default: the check above; our attention where vLLM has none: below
 SM 9.0, and on SM 12.x without FlashInfer's V4 kernels for the model's heads and window) | ``triton`` (our attention
-for DeepSeek-V4 on every CUDA GPU from SM 8.0 on, e.g. to compare it with vLLM's in one engine) | ``off`` (nothing
+for DeepSeek-V4 and V4.1 on every CUDA GPU from SM 8.0 on, e.g. to compare it with vLLM's in one engine) | ``off`` (nothing
 is wrapped; vLLM then fails at run time as without the plugin), read by :func:`install`. Where vLLM's function is
 missing or has another signature than vLLM 0.33's, one warning is logged and that module is left alone. This
 module imports vLLM inside functions only and never touches CUDA.
@@ -82,7 +83,7 @@ COMPONENTS: tuple[Component, ...] = (
         (9, 0), (V4, V41),
         "DeepseekV4FlashMLAAttention (flash_mla_sparse_fwd, flash_mla_with_kvcache): built for SM90/SM100; "
         "_select_dsv4_attn_cls picks it on every GPU but SM 12.x (FlashInfer there). For DeepSeek-V4 the plugin "
-        "routes the layer to its own kernels below SM 9.0 (routes_attention), so the row blocks V4.1 only."),
+        "routes the layer of both models to its own kernels below SM 9.0 (routes_attention)."),
     Component(
         "indexer logits (DeepGEMM fp8_fp4_mqa_logits / fp8_fp4_paged_mqa_logits)",
         "vllm.utils.deep_gemm.fp8_fp4_paged_mqa_logits",
@@ -223,15 +224,24 @@ def check_capability(capability: Any, model: str, routed: bool = False,
         raise ValueError(error_message(capability, model, blocking, routed))
 
 
-def flashinfer_sm120_ready(vllm_config: Any) -> bool:
-    """Whether vLLM's SM 12.x V4 layer can be built for this model: FlashInfer's SM120 sparse MLA decode API and
-    its specialisation for the layer's padded heads and window (what ``DeepseekV4FlashInferSM120Attention``
-    checks in its constructor, asked here with vLLM's own functions). False when any of that is missing or cannot
-    be asked."""
+#: The module of each model's FlashInfer layers (its SM 12.x head padding and window questions).
+_FLASHINFER_MODULES = {V4: "vllm.models.deepseek_v4.nvidia.flashinfer_sparse",
+                       V41: "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"}
+
+
+def flashinfer_sm120_ready(vllm_config: Any, model: str = V4) -> bool:
+    """Whether vLLM's SM 12.x layer of ``model`` can be built: FlashInfer's SM120 sparse MLA decode API and its
+    specialisation for the layer's padded heads and window (what ``DeepseekV4FlashInferSM120Attention`` checks in
+    its constructor, asked here with vLLM's own functions). False when any of that is missing or cannot be
+    asked."""
     try:
-        from vllm.models.deepseek_v4.nvidia.flashinfer_sparse import (_pad_to_supported_q_heads,
-                                                                      _required_sm120_sparse_topk)
+        import importlib
+
         from vllm.utils.flashinfer import has_flashinfer_sparse_mla_sm120, has_flashinfer_sparse_mla_sm120_config
+
+        fi = importlib.import_module(_FLASHINFER_MODULES[model])
+        _pad_to_supported_q_heads, _required_sm120_sparse_topk = (fi._pad_to_supported_q_heads,
+                                                                  fi._required_sm120_sparse_topk)
 
         if not has_flashinfer_sparse_mla_sm120():
             return False
@@ -251,11 +261,11 @@ def _named_backend(vllm_config: Any) -> Any:
 
 
 def routes_attention(capability: Any, model: str, mode: str, vllm_config: Any = None) -> bool:
-    """Whether ``model``'s attention layers get this package's layer at ``capability`` in ``mode`` (``auto`` /
-    ``triton``): DeepSeek-V4 only, from SM 8.0 on; ``triton`` everywhere there; ``auto`` where vLLM has no layer
+    """Whether ``model``'s attention layers (DeepSeek-V4 or V4.1) get this package's layer at ``capability`` in
+    ``mode`` (``auto`` / ``triton``), from SM 8.0 on: ``triton`` everywhere there; ``auto`` where vLLM has no layer
     that runs — below SM 9.0, and on SM 12.x when :func:`flashinfer_sm120_ready` does not hold — unless a backend
     was named (vLLM's choice then). ``triton`` with a named backend raises ``ValueError`` (two requests)."""
-    if model != V4 or capability is None:
+    if model not in (V4, V41) or capability is None:
         return False
     cap = _cap(capability)
     if cap < (8, 0) or mode not in ("auto", "triton"):
@@ -268,7 +278,7 @@ def routes_attention(capability: Any, model: str, mode: str, vllm_config: Any = 
         return True
     if named is not None:
         return False
-    return cap < (9, 0) or (cap[0] == 12 and not flashinfer_sm120_ready(vllm_config))
+    return cap < (9, 0) or (cap[0] == 12 and not flashinfer_sm120_ready(vllm_config, model))
 
 
 def _make_wrapper(original: Callable[..., Any], module: ModuleType, model: str) -> Callable[..., Any]:
@@ -294,9 +304,9 @@ def _make_wrapper(original: Callable[..., Any], module: ModuleType, model: str) 
                     taken = tuple(c for c in taken if c not in (COMPRESSOR, INDEXER_Q))
             check_capability(capability, model, routed, taken)
             if routed:
-                from .v4_attention import triton_attention_cls
+                from .v4_attention import triton_attention_cls, triton_attention_cls_v41
 
-                return triton_attention_cls()
+                return triton_attention_cls() if model == V4 else triton_attention_cls_v41()
         return original(vllm_config)
 
     setattr(_select_dsv4_attn_cls, _WRAPPED_MARK, True)

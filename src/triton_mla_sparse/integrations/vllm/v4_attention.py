@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["forward_v4", "run_v4_attention", "triton_attention_cls"]
+__all__ = ["forward_v4", "forward_v41", "run_v4_attention", "triton_attention_cls", "triton_attention_cls_v41"]
 
 
 def _flat(indices: torch.Tensor | None, rows: int) -> torch.Tensor | None:
@@ -54,6 +54,21 @@ def run_v4_attention(q: torch.Tensor, output: torch.Tensor, *, scale: float, sin
         extra = dict(extra_kv_cache=extra_cache, extra_indices=_flat(extra_indices, T), extra_topk_length=extra_lens)
     sparse_mla_attention(q, swa_cache, _flat(swa_indices, T), scale, kv_format="fp8_ds_mla_v4", topk_length=swa_lens,
                          attn_sink=sink[:H], out=output, **extra)
+
+
+def _run_phases(layer: Any, q: torch.Tensor, output: torch.Tensor, swa: Any, extra_for: Any) -> None:
+    """The decode rows, then the prefill rows (vLLM's batch order), each one :func:`run_v4_attention` call with the
+    window metadata's indices and ``extra_for(rows, decode)``'s compressed list."""
+    common = dict(scale=layer.scale, sink=layer.attn_sink, swa_cache=layer.swa_cache_layer.kv_cache)
+    nd, npf = swa.num_decode_tokens, swa.num_prefill_tokens
+    if swa.num_decodes > 0:
+        rows = slice(0, nd)
+        run_v4_attention(q[rows], output[rows], swa_indices=swa.decode_swa_indices, swa_lens=swa.decode_swa_lens,
+                         **common, **extra_for(rows, True))
+    if swa.num_prefills > 0:
+        rows = slice(nd, nd + npf)
+        run_v4_attention(q[rows], output[rows], swa_indices=swa.prefill_swa_indices, swa_lens=swa.prefill_swa_lens,
+                         **common, **extra_for(rows, False))
 
 
 @functools.cache
@@ -112,9 +127,6 @@ def forward_v4(layer: Any, q: torch.Tensor, output: torch.Tensor, attn_metadata:
     meta = attn_metadata.get(layer.prefix)
     swa_only = layer.compress_ratio <= 1
     compressed = None if swa_only else layer.kv_cache
-    swa_cache = layer.swa_cache_layer.kv_cache
-    nd, npf = swa.num_decode_tokens, swa.num_prefill_tokens
-    common = dict(scale=layer.scale, sink=layer.attn_sink, swa_cache=swa_cache)
 
     def extra_for(rows: slice, decode: bool) -> dict:
         if swa_only:
@@ -135,11 +147,85 @@ def forward_v4(layer: Any, q: torch.Tensor, output: torch.Tensor, attn_metadata:
                                 meta.block_size // layer.compress_ratio, swa.is_valid_token[rows])
         return dict(extra_cache=compressed, extra_indices=idx, extra_lens=lens)
 
-    if swa.num_decodes > 0:
-        rows = slice(0, nd)
-        run_v4_attention(q[rows], output[rows], swa_indices=swa.decode_swa_indices, swa_lens=swa.decode_swa_lens,
-                         **common, **extra_for(rows, True))
-    if swa.num_prefills > 0:
-        rows = slice(nd, nd + npf)
-        run_v4_attention(q[rows], output[rows], swa_indices=swa.prefill_swa_indices, swa_lens=swa.prefill_swa_lens,
-                         **common, **extra_for(rows, False))
+    _run_phases(layer, q, output, swa, extra_for)
+
+
+@functools.cache
+def triton_attention_cls_v41() -> type:
+    """DeepSeek-V4.1's ``DeepseekV4Attention`` (``vllm.models.deepseek_v41``) on this package's kernels (built once;
+    imports vLLM). Off SM 10.x vLLM writes V4.1's caches in V4's 584-byte fp8_ds_mla record, so the kernels and
+    :func:`run_v4_attention` are V4's; the layer differs in its metadata (:func:`forward_v41`), its o_proj
+    (``dsv41_o_proj``) and its backend classes (V4.1's FlashInfer ones, whose builders know its compress ratios
+    0 / 1 / 2). Prefill context parallelism is refused at construction."""
+    from vllm.forward_context import get_forward_context
+    from vllm.models.deepseek_v4.nvidia.ops.o_proj import compute_fp8_einsum_recipe
+    from vllm.models.deepseek_v41.attention import DeepseekV4Attention
+    from vllm.models.deepseek_v41.common.ops import compute_global_topk_indices_and_lens
+    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+    from vllm.models.deepseek_v41.nvidia.ops.o_proj import dsv41_o_proj
+
+    from .v4_portable import route_wo_a
+
+    class DeepseekV41TritonMLAAttention(DeepseekV4Attention):
+        """DeepSeek-V4.1 sparse MLA attention on triton-mla-sparse's kernels (no head padding)."""
+
+        backend_cls = fi.DeepseekV4FlashInferMLASparseBackend
+        swa_backend_cls = fi.DeepseekSparseSWAFlashInferBackend
+        use_fp8_ds_mla_layout = True
+
+        @classmethod
+        def get_padded_num_q_heads(cls, num_heads: int) -> int:
+            return num_heads
+
+        def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+            super().__init__(vllm_config, *args, **kwargs)
+            if self.use_pcp:
+                raise ValueError("prefill_context_parallel_size: triton-mla-sparse's DeepSeek-V4.1 layer runs without "
+                                 "prefill context parallelism (vLLM's FlashMLA layer only has it); expected 1")
+            self._einsum_recipe, self._tma_aligned_scales = compute_fp8_einsum_recipe(self._o_proj_block_size)
+            route_wo_a(self.wo_a)  # e4m3 wo_a as bf16 where DeepGEMM's einsum cannot run
+
+        def _o_proj(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return dsv41_o_proj(self, o, positions)
+
+        def forward_mqa(self, q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
+                        output: torch.Tensor) -> None:
+            attn_metadata = get_forward_context().attn_metadata
+            if attn_metadata is None:  # a warm-up run without metadata
+                output.zero_()
+                return
+            forward_v41(self, q, output, attn_metadata, compute_global_topk_indices_and_lens)
+
+    return DeepseekV41TritonMLAAttention
+
+
+def forward_v41(layer: Any, q: torch.Tensor, output: torch.Tensor, attn_metadata: dict,
+                global_topk: Any) -> None:
+    """The forward of :func:`triton_attention_cls_v41`'s layer (decode rows first, then prefill rows). V4.1's layers
+    share caches: a compressed layer (compress ratio 1 or 2) reads the kv-source layer's cache
+    (``_compressed_kv_cache()``) with the metadata under ``compressed_cache_prefix``, and every one of them takes the
+    index-source layer's top-k (request-local compressed positions) as its extra list; ratio 0 is window only."""
+    swa = attn_metadata.get(layer.swa_cache_layer.prefix)
+    if swa is None:
+        raise ValueError(f"attn_metadata: expected the window cache's metadata ({layer.swa_cache_layer.prefix})")
+    swa_only = layer.compress_ratio == 0
+    meta = None
+    compressed = None
+    if not swa_only:
+        prefix = layer.compressed_cache_prefix
+        meta = attn_metadata.get(prefix) if prefix is not None else None
+        compressed = layer._compressed_kv_cache()
+
+    def extra_for(rows: slice, decode: bool) -> dict:
+        if swa_only:
+            return {}
+        if meta is None or swa.is_valid_token is None or swa.token_to_req_indices is None:
+            raise ValueError("attn_metadata: a compressed layer needs its metadata, token validity and request map")
+        if layer.topk_indices_buffer is None:
+            raise ValueError("topk_indices_buffer: a compressed V4.1 layer needs the indexer's top-k")
+        block_table = meta.block_table[:swa.num_decodes] if decode else meta.block_table
+        idx, lens = global_topk(layer.topk_indices_buffer[rows], swa.token_to_req_indices[rows], block_table,
+                                meta.block_size // layer.compress_ratio, swa.is_valid_token[rows])
+        return dict(extra_cache=compressed, extra_indices=idx, extra_lens=lens)
+
+    _run_phases(layer, q, output, swa, extra_for)
