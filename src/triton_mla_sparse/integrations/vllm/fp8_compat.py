@@ -9,12 +9,21 @@ them), ``fused_compress_quant_cache`` (the head-512 sparse-attention compressor 
 ``_fused_kv_compress_norm_rope_insert_sparse_attn`` and ``_finalize_norm_rope_quant_store_sparse_attn``, and the
 head-128 indexer one ``_fused_kv_compress_norm_rope_insert_indexer_attn``), ``fused_indexer_q``
 (``FusedIndexerQRopeQuantTritonKernel.kernel``) and ``fused_inv_rope_fp8_quant``
-(``FusedInvRopeFP8QuantKernel.kernel``). Kernels defined in a class body (``@staticmethod @triton.jit``) keep their
-module's name as ``__module__``, so routing by module covers them. All of them cast with ``.to(...)`` only; their
-FNUZ branches (``tl.float8e4b8``, behind ``use_fnuz``/``USE_FNUZ`` constexprs, false on CUDA) are left alone. The
-vLLM tier AOT-compiles these seven for sm80 and sm86 (routed: no e4m3 conversion instruction; unrouted: Triton's
-error); none of the V4 ones has run on a GPU yet. :func:`install` changes how Triton compiles exactly the kernels of
-:data:`ROUTED_MODULES`, without touching vLLM's files:
+(``FusedInvRopeFP8QuantKernel.kernel``). DeepSeek-V4.1's own modules do too: in ``vllm.models.deepseek_v41.common.ops``
+``cache_utils`` (the SWA inserts and the dequantize-gathers of V4's 584-byte record, which V4.1 writes off SM 10.x,
+and of SM 10.x's MXFP8 and NVFP4 records), ``fused_compress_quant_cache`` (the compressed-cache stores
+``_rope_quant_insert_kernel``, its MXFP8/NVFP4 forms and the per-tensor-fp8 ``_rope_plain_insert_kernel``) and
+``indexer_k_store`` (``_indexer_k_norm_rope_quant_store_kernel``, the FP8 indexer K cache), and
+``vllm.models.deepseek_v41.common.engram`` (``_engram_lookup_kernel``, which decodes an e4m3 table it may reach
+through an int-to-fp8e4nv pointer cast). Kernels defined in a class body (``@staticmethod @triton.jit``) keep their
+module's name as ``__module__``, so routing by module covers them. All of them cast values with ``.to(...)`` only;
+their FNUZ branches (``tl.float8e4b8``, behind ``use_fnuz``/``USE_FNUZ`` constexprs, false on CUDA) are left alone.
+A pointer cast to fp8e4nv, or the constant ``other`` of a masked fp8e4nv load (folded to an fp8 constant), converts
+nothing and only needs the type the front end is given below. V4.1's NVFP4 compressed-cache store still cannot be
+built below SM 10.x: it packs e2m1 with inline ``cvt.rn.satfinite.e2m1x2.f32``, which ptxas refuses there. The vLLM
+tier AOT-compiles every one of these kernels for sm80 and sm86 (routed: no e4m3 conversion instruction; unrouted:
+Triton's error); none of the V4 / V4.1 ones has run on an SM 8.x GPU. :func:`install` changes how Triton compiles
+exactly the kernels of :data:`ROUTED_MODULES`, without touching vLLM's files:
 
 * ``ASTSource.make_ir`` (Triton's front end): when the kernel being compiled is defined in a routed module
   (:data:`ROUTED_MODULES`) and the target is CUDA below sm89 (mode ``auto``) or any CUDA target (``always``), the
@@ -55,13 +64,17 @@ from .policy import logger, soft_fp8_mode
 __all__ = ["ROUTED_MODULES", "ROUTER_VERSION", "install", "uninstall", "installed", "routes", "state"]
 
 #: Modules whose ``@triton.jit`` kernels get the software casts (a kernel's ``__module__``, also for kernels defined
-#: in a class body or a function): DeepSeek-V3.2 / GLM-5's DSA kernels and DeepSeek-V4's (see the module doc).
+#: in a class body or a function): DeepSeek-V3.2 / GLM-5's DSA kernels, DeepSeek-V4's and V4.1's (see the module doc).
 ROUTED_MODULES: tuple[str, ...] = (
     "vllm.models.deepseek_v32.common.kernels",
     "vllm.models.deepseek_v4.common.ops.cache_utils",
     "vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache",
     "vllm.models.deepseek_v4.common.ops.fused_indexer_q",
     "vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant",
+    "vllm.models.deepseek_v41.common.engram",
+    "vllm.models.deepseek_v41.common.ops.cache_utils",
+    "vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache",
+    "vllm.models.deepseek_v41.common.ops.indexer_k_store",
 )
 ROUTER_VERSION = "1"
 _MARK = "_triton_mla_sparse_soft_fp8"

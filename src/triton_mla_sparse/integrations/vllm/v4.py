@@ -14,8 +14,8 @@ sink read by the Triton kernels) instead of vLLM's class, and the attention row 
 (:func:`taken_components`: the Triton indexer on V4's compressed cache, the portable o_proj and mHC prenorm of
 :mod:`.v4_portable` and its routes from the CuTeDSL compressor and indexer-q kernels to vLLM's Triton ones, the
 software e4m3 casts). So from SM 8.0 on nothing blocks DeepSeek-V4 with the default switches. DeepSeek-V4.1 gets
-the attention layer only: its indexer (two-level candidate blocks), o_proj and own Triton ops still block it below
-SM 9.0. A backend named with
+the attention layer, the indexer-q route and the software casts; its indexer (two-level candidate blocks) and its
+o_proj still block it below SM 9.0. A backend named with
 ``--attention-backend`` is vLLM's to honour: ``auto`` then leaves the choice to vLLM, ``triton`` refuses the
 combination.
 
@@ -120,14 +120,16 @@ COMPONENTS: tuple[Component, ...] = (
     Component(
         "indexer q quantization (CuTeDSL)",
         "vllm.models.deepseek_v4.nvidia.ops.fused_indexer_q_cutedsl",
-        (8, 9), (V4,),
+        (8, 9), (V4, V41),
         "fused_indexer_q_rope_quant (vllm.models.deepseek_v4.common.ops.fused_indexer_q) runs the CuTeDSL kernel "
         "whenever cutlass's DSL is installed (vLLM ships it), which packs e4m3 with cvt.rn.satfinite.e4m3x2.f32 "
-        "(sm_89+ PTX); its Triton kernel (the casts row) runs without CuTeDSL only. The plugin answers that "
-        "module's has_cutedsl() False below SM 8.9 (v4_portable.install_cutedsl_routes)."),
+        "(sm_89+ PTX); its Triton kernel (the casts row) runs without CuTeDSL only. V4.1's indexer calls the "
+        "same function. The plugin answers that module's has_cutedsl() False below SM 8.9 "
+        "(v4_portable.install_cutedsl_routes)."),
     Component(
         "fp8 casts in V4's Triton kernels (tl.float8e4nv)",
-        "vllm.models.deepseek_v4.common.ops, vllm.models.deepseek_v41.common.ops",
+        "vllm.models.deepseek_v4.common.ops, vllm.models.deepseek_v41.common.ops, vllm.models.deepseek_v41.common"
+        ".engram",
         (8, 9), (V4, V41),
         "Cache inserts, compressor quantization, indexer q, inverse-RoPE fp8 quant: Triton has no native e4m3 "
         "conversion before sm_89. The plugin's software cast (TRITON_MLA_SPARSE_SOFT_FP8) now routes V4's: "
@@ -136,9 +138,9 @@ COMPONENTS: tuple[Component, ...] = (
         "kernel; the CuTeDSL one, taken when installed, is the row above) and "
         "fused_inv_rope_fp8_quant; compile-tested for sm80/sm86 (no e4m3 conversion left) and forced in a live "
         "V4 engine on an H200 (first-token logprobs within the engines' eager-vs-graphs drift of the hardware "
-        "casts), not run on an SM 8.x GPU. V4.1's own ops "
-        "(deepseek_v41.common.ops cache_utils, fused_compress_quant_cache, indexer_k_store; "
-        "deepseek_v41.common.engram) are not routed."),
+        "casts), not run on an SM 8.x GPU. V4.1's own (deepseek_v41.common.ops cache_utils, "
+        "fused_compress_quant_cache, indexer_k_store; deepseek_v41.common.engram) are routed and compile-tested "
+        "likewise, not run on a GPU; their SM 10.x-only NVFP4 store keeps an e2m1 instruction."),
 )
 
 #: The attention row: routed to this package's layer (not blocking) wherever :func:`routes_attention` holds.
@@ -168,9 +170,11 @@ def taken_components(model: str) -> tuple[Component, ...]:
     runs, by the plugin's switches: DeepSeek-V4's indexer logits (``TRITON_MLA_SPARSE_INDEXER`` not ``off``: ``auto``
     picks the Triton indexer wherever DeepGEMM cannot run), its o_proj einsum, first-layer mHC prenorm, CuTeDSL
     compressor and indexer-q kernels (``TRITON_MLA_SPARSE_DSV4_PORTABLE`` not ``off``: :mod:`.v4_portable`), its
-    Triton kernels' e4m3 casts
-    (``TRITON_MLA_SPARSE_SOFT_FP8`` not ``off``). None for V4.1 (its layer, indexer candidates and ops are
-    vLLM's)."""
+    Triton kernels' e4m3 casts (``TRITON_MLA_SPARSE_SOFT_FP8`` not ``off``). For V4.1 the indexer-q route and the
+    casts only (its indexer's candidate blocks and its o_proj stay vLLM's)."""
+    if model == V41:
+        return ((INDEXER_Q,) if dsv4_portable_mode() != "off" else ()) + \
+            ((CASTS,) if soft_fp8_mode() != "off" else ())
     if model != V4:
         return ()
     taken = []
@@ -296,7 +300,7 @@ def _make_wrapper(original: Callable[..., Any], module: ModuleType, model: str) 
 
                 if not install_portable():  # vLLM's hook is missing: the prenorm stays DeepGEMM's
                     taken = tuple(c for c in taken if c is not PRENORM)
-            if COMPRESSOR in taken:
+            if INDEXER_Q in taken:
                 from .v4_portable import cutedsl_route_wanted, install_cutedsl_routes
 
                 # installed where they route (below SM 8.9, or always); vLLM's modules missing: both stay CuTeDSL
