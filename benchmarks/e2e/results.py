@@ -20,7 +20,8 @@ def v4_checks(run: dict[str, Any]) -> list[str]:
     """What a DeepSeek-V4 run must show to count (empty: all of it): every attention layer of its backend's class;
     ours: calls through our layer (and, with our indexer forced, every indexer ours; with the software casts forced,
     their router installed; with the portable components forced, the mHC prenorm, the compressor and the indexer q
-    run by the portable code); FlashMLA's with the
+    run by the portable code, and with ``shadow_portable`` each of them compared with vLLM's kernel without
+    error); FlashMLA's with the
     attention shadow: shadowed calls, no error, no non-finite."""
     spec = run.get("spec", {})
     backend = spec.get("backend")
@@ -41,6 +42,14 @@ def v4_checks(run: dict[str, Any]) -> list[str]:
                 problems.append(f"portable {what} forced, yet not called: {port}")
         if not (port.get("installed") and port.get("cutedsl_routes")):
             problems.append(f"portable components forced, yet not installed: {port}")
+    if spec.get("shadow_portable"):  # each portable component compared with vLLM's kernel, without error
+        shadow = port.get("shadow") or {}
+        for what in ("prenorm_out", "compress_bytes", "indexer_q_values"):
+            if not (shadow.get(what) or {}).get("calls"):
+                problems.append(f"the portable shadow compared no {what} call")
+        if port.get("shadow_error_count", 1):
+            problems.append(f"the portable shadow failed {port.get('shadow_error_count')} times: "
+                            f"{port.get('shadow_errors')}")
     soft = run.get("soft_fp8") or {}
     if spec.get("env", {}).get("TRITON_MLA_SPARSE_SOFT_FP8") == "always" and \
             not (soft.get("installed") and soft.get("mode") == "always"):
@@ -73,7 +82,7 @@ def correctness_rows(pairs: list[dict], results: dict[str, dict]) -> list[dict]:
             row.update(compare_runs(ours, peer))
             cw, pw = (r.get("weights", {}).get("checksum") for r in (ours, peer))
             row["same_weights"] = cw is not None and cw == pw  # both engines drew the same seeded weights
-            for key in ("calls", "indexer_shadow", "speculative", "layers"):
+            for key in ("calls", "indexer_shadow", "speculative", "layers", "portable"):
                 if key in ours:
                     row[key] = ours[key]
             for key in ("attention_shadow", "layers"):

@@ -190,7 +190,7 @@ class PortableCounter:
         import torch
 
         a, b = mine.float(), theirs.float()
-        scale = float(b.abs().max()) if b.numel() else 0.0
+        scale = float(torch.nan_to_num(b.abs(), nan=0.0, posinf=0.0).max()) if b.numel() else 0.0
         d = self.diffs.setdefault(what, {"calls": 0, "max_abs": 0.0, "max_rel": 0.0, "nonfinite": 0})
         d["calls"] += 1
         if a.numel():
@@ -211,6 +211,9 @@ class PortableCounter:
         return out, sqrsum
 
     def _compress_shadow(self, original, **kw):
+        """vLLM's CuTeDSL compressor, then the portable one, on the same cache pages: the pages the call's slots
+        touch are saved, written by CuTeDSL, kept, restored, written by the portable call; the tokens whose bytes
+        differ are compared after dequantization (untouched and equal tokens never count)."""
         import importlib
 
         import torch
@@ -221,30 +224,34 @@ class PortableCounter:
         module = importlib.import_module(v4_portable.COMPRESSOR_MODULE)
         cutedsl = getattr(getattr(module, v4_portable.COMPRESSOR_KERNEL), "_triton_mla_sparse_cutedsl_route")
         kv = kw["kv_cache"]
-        ref = torch.empty_strided(kv.shape, kv.stride(), dtype=kv.dtype, device=kv.device).copy_(kv)  # same strides
-        cutedsl(**{**kw, "kv_cache": ref})
+        if kv.dim() != 3 or kv.shape[-1] != formats.V4_TOKEN_BYTES:  # [blocks, block_size, 584], pages strided
+            raise ValueError(f"kv_cache: expected V4's [blocks, block_size, 584] view, got {tuple(kv.shape)}")
+        bs = kv.shape[1]
+        pages = kv.as_strided((kv.shape[0], bs * formats.V4_TOKEN_BYTES), (kv.stride(0), 1))
+        slots = kw["k_cache_metadata"].slot_mapping
+        touched = torch.unique(slots[slots >= 0] // bs)
+        before = pages[touched].clone()
+        cutedsl(**kw)
+        theirs = pages[touched].clone()
+        pages[touched] = before
         result = original(**kw)
-        if kv.dim() == 3 and kv.shape[-1] == formats.V4_TOKEN_BYTES:  # [blocks, block_size, 584], pages strided
-            bs = kv.shape[1]
-
-            def flat(t):
-                return t.as_strided((t.shape[0], bs * formats.V4_TOKEN_BYTES), (t.stride(0), 1))
-        else:
-            bs = formats.v4_block_size(kv[0].numel())
-
-            def flat(t):
-                return t.reshape(t.shape[0], -1)
-        pages, ref_pages = flat(kv), flat(ref)
-        changed = (pages != ref_pages).any(dim=1)
-        d = self.diffs.setdefault("compress_bytes", {"calls": 0, "bytes": 0, "pages": 0})
-        d["calls"] += 1
-        d["bytes"] += int((pages != ref_pages).sum())
-        d["pages"] += int(changed.sum())
-        if bs is not None and bool(changed.any()):
-            mine = formats.dequantize_fp8_ds_mla_v4(pages[changed].contiguous(), bs)
-            theirs = formats.dequantize_fp8_ds_mla_v4(ref_pages[changed].contiguous(), bs)
-            self._keep("compress_values", mine, theirs)
+        mine = pages[touched].clone()
         torch.cuda.synchronize()
+
+        def tokens(p):  # per token: its 576 row bytes and its 8 footer bytes
+            rows = p[:, :bs * formats.V4_ROW_BYTES].reshape(p.shape[0], bs, formats.V4_ROW_BYTES)
+            foot = p[:, bs * formats.V4_ROW_BYTES:].reshape(p.shape[0], bs, formats.V4_FOOTER_BYTES)
+            return torch.cat([rows, foot], dim=-1)
+
+        changed = (tokens(mine) != tokens(theirs)).any(dim=-1)  # [pages, bs]
+        d = self.diffs.setdefault("compress_bytes", {"calls": 0, "tokens_written": 0, "tokens_differing": 0})
+        d["calls"] += 1
+        d["tokens_written"] += int((slots >= 0).sum())
+        d["tokens_differing"] += int(changed.sum())
+        if bool(changed.any()):
+            a = formats.dequantize_fp8_ds_mla_v4(mine.contiguous(), bs)[changed]
+            b = formats.dequantize_fp8_ds_mla_v4(theirs.contiguous(), bs)[changed]
+            self._keep("compress_values", a, b)
         return result
 
     def _indexer_q_shadow(self, original, positions, q, cos_sin, weights, softmax_scale, head_scale, q_fp8,

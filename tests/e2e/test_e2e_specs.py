@@ -242,6 +242,16 @@ def test_v4_pairs_count_only_with_the_expected_layers_and_a_clean_shadow():
         assert v4_checks({**port, "portable": idle}) == [f"portable {what} forced, yet not called: {idle}"]
     for flag in ("installed", "cutedsl_routes"):
         assert v4_checks({**port, "portable": {**counts, flag: False}}), f"portable forced, {flag} False"
+    # with the shadow: every component compared, no shadow error
+    shadow = {"prenorm_out": {"calls": 2}, "compress_bytes": {"calls": 3}, "indexer_q_values": {"calls": 1}}
+    shadowed = {**port, "spec": {**port["spec"], "shadow_portable": True},
+                "portable": {**counts, "shadow": shadow, "shadow_errors": [], "shadow_error_count": 0}}
+    assert v4_checks(shadowed) == []
+    assert v4_checks({**shadowed, "portable": {**shadowed["portable"], "shadow_error_count": 2}})
+    for what in shadow:
+        idle = {**shadow, what: {"calls": 0}}
+        assert v4_checks({**shadowed, "portable": {**shadowed["portable"], "shadow": idle}}) == \
+            [f"the portable shadow compared no {what} call"]
     for what, run in bad.items():
         assert v4_checks(run), what
     prompts = [{"length": 17, "tokens": [1, 2], "first_logprobs": {"1": -0.5}, "top2_margins": [0.1, 0.1]}]

@@ -223,6 +223,13 @@ def test_triton_mode_routes_v4_everywhere(checked, cuda_platform_module, monkeyp
             with pytest.raises(ValueError, match="cannot run on this GPU"):
                 _select(cuda_platform_module, module, capability)
             continue
+        if capability[0] == 10 and model == "DeepSeek-V4.1":  # its MXFP8 record there: refused, not routed
+            with pytest.raises(ValueError, match="528-byte MXFP8 record"):
+                _select(cuda_platform_module, module, capability)
+            monkeypatch.delenv(policy.DSV4_ENV)
+            assert _select(cuda_platform_module, module, capability).__name__ != OURS[model]  # auto: vLLM's
+            monkeypatch.setenv(policy.DSV4_ENV, "triton")
+            continue
         assert _select(cuda_platform_module, module, capability).__name__ == OURS[model]
 
 

@@ -245,3 +245,18 @@ def test_routed_cutedsl_kernels_stay_out_of_the_jit_warmup(cutedsl_modules, monk
         for kernel in kernels:
             kernel.register_warmup()
     assert len(registry) == (0 if mode == "always" else len(kernels))
+
+
+def test_route_wo_a_refuses_e4m3_weights_without_128_block_scales(monkeypatch):
+    """An e4m3 ``wo_a`` whose scales are not 128 x 128 blocks (e.g. MXFP8's 32-wide ones) cannot be dequantized by the
+    portable o_proj: refused when the layer is built, not left to fail inside DeepGEMM; a 128-block one is routed."""
+    monkeypatch.setenv(policy.DSV4_PORTABLE_ENV, "always")
+    wo_a = torch.nn.Module()
+    wo_a.quant_method = type("Method", (), {"process_weights_after_loading": lambda self, layer: None})()
+    wo_a.weight = torch.nn.Parameter(torch.zeros(256, 512).to(torch.float8_e4m3fn), requires_grad=False)
+    wo_a.weight_scale = torch.nn.Parameter(torch.ones(256, 16), requires_grad=False)  # 32-wide blocks
+    with pytest.raises(ValueError, match="wo_a: the portable o_proj dequantizes e4m3 weights with 128 x 128"):
+        v4_portable.route_wo_a(wo_a)
+    wo_a.weight_scale = torch.nn.Parameter(torch.ones(2, 4), requires_grad=False)
+    assert v4_portable.route_wo_a(wo_a)
+    assert wo_a.quant_method.process_weights_after_loading is v4_portable.dequantize_wo_a

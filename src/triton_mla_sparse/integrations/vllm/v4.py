@@ -268,13 +268,20 @@ def routes_attention(capability: Any, model: str, mode: str, vllm_config: Any = 
     """Whether ``model``'s attention layers (DeepSeek-V4 or V4.1) get this package's layer at ``capability`` in
     ``mode`` (``auto`` / ``triton``), from SM 8.0 on: ``triton`` everywhere there; ``auto`` where vLLM has no layer
     that runs — below SM 9.0, and on SM 12.x when :func:`flashinfer_sm120_ready` does not hold — unless a backend
-    was named (vLLM's choice then). ``triton`` with a named backend raises ``ValueError`` (two requests)."""
+    was named (vLLM's choice then). ``triton`` with a named backend raises ``ValueError`` (two requests), and so
+    does ``triton`` for V4.1 on SM 10.x (its 528-byte MXFP8 record there), which ``auto`` leaves to vLLM."""
     if model not in (V4, V41) or capability is None:
         return False
     cap = _cap(capability)
     if cap < (8, 0) or mode not in ("auto", "triton"):
         return False
     named = _named_backend(vllm_config)
+    if model == V41 and cap[0] == 10:  # V4.1 writes its 528-byte MXFP8 record there, which our kernels do not read
+        if mode == "triton":
+            raise ValueError(f"{DSV4_ENV}=triton: DeepSeek-V4.1 on SM 10.x keeps its caches in the 528-byte MXFP8 "
+                             f"record, which triton-mla-sparse's kernels do not read (they read V4's 584-byte "
+                             f"record, what V4.1 writes on every other GPU); unset {DSV4_ENV} there")
+        return False
     if mode == "triton":
         if named is not None:
             raise ValueError(f"{DSV4_ENV}=triton asks for triton-mla-sparse's DeepSeek-V4 attention, but "

@@ -119,7 +119,8 @@ def dequantize_wo_a(layer: torch.nn.Module) -> None:
 def route_wo_a(wo_a: torch.nn.Module) -> bool:
     """Make ``wo_a``'s quant method dequantize its weight to bf16 after loading instead of vLLM's processing (e.g.
     Marlin's repack below SM 9.0) — when :func:`portable_wanted` and its weight is created e4m3 with 128 × 128
-    block scales (an fp8 checkpoint as DeepSeek-V4's). Returns whether it did."""
+    block scales (an fp8 checkpoint as DeepSeek-V4's); other e4m3 scales raise ``ValueError`` when the layer is built.
+    Returns whether it did."""
     method = getattr(wo_a, "quant_method", None)
     weight = getattr(wo_a, "weight", None)
     if method is None or weight is None or weight.dtype != torch.float8_e4m3fn or not portable_wanted():
@@ -127,7 +128,10 @@ def route_wo_a(wo_a: torch.nn.Module) -> bool:
     blocks = (-(-weight.shape[0] // BLOCK), -(-weight.shape[1] // BLOCK))
     scales = [getattr(wo_a, n, None) for n in ("weight_scale", "weight_scale_inv")]
     if not any(isinstance(t, torch.Tensor) and tuple(t.shape) == blocks for t in scales):
-        return False  # not 128 x 128 block scales (e.g. V4.1's MXFP8 32-wide blocks): left to vLLM
+        raise ValueError(f"wo_a: the portable o_proj dequantizes e4m3 weights with 128 x 128 block scales "
+                         f"({list(blocks)} for a weight {list(weight.shape)}), got scales "
+                         f"{[tuple(t.shape) for t in scales if isinstance(t, torch.Tensor)]}; DeepGEMM's einsum "
+                         f"does not run on this GPU")
     method.process_weights_after_loading = dequantize_wo_a  # this layer's method object only
     return True
 
