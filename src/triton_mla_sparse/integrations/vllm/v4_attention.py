@@ -56,6 +56,24 @@ def run_v4_attention(q: torch.Tensor, output: torch.Tensor, *, scale: float, sin
                          attn_sink=sink[:H], out=output, **extra)
 
 
+def _forward_mqa(forward: Any, layer: Any, q: torch.Tensor, output: torch.Tensor, attn_metadata: Any,
+                 global_topk: Any) -> None:
+    """A layer's ``forward_mqa``: ``forward`` (:func:`forward_v4` / :func:`forward_v41`), or zeros in a warm-up run
+    without metadata."""
+    if attn_metadata is None:
+        output.zero_()
+        return
+    forward(layer, q, output, attn_metadata, global_topk)
+
+
+def _window_metadata(layer: Any, attn_metadata: dict) -> Any:
+    """The window cache's metadata of ``layer`` (every V4 / V4.1 layer has one)."""
+    swa = attn_metadata.get(layer.swa_cache_layer.prefix)
+    if swa is None:
+        raise ValueError(f"attn_metadata: expected the window cache's metadata ({layer.swa_cache_layer.prefix})")
+    return swa
+
+
 def _run_phases(layer: Any, q: torch.Tensor, output: torch.Tensor, swa: Any, extra_for: Any) -> None:
     """The decode rows, then the prefill rows (vLLM's batch order), each one :func:`run_v4_attention` call with the
     window metadata's indices and ``extra_for(rows, decode)``'s compressed list."""
@@ -108,11 +126,8 @@ def triton_attention_cls() -> type:
 
         def forward_mqa(self, q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
                         output: torch.Tensor) -> None:
-            attn_metadata = get_forward_context().attn_metadata
-            if attn_metadata is None:  # a warm-up run without metadata
-                output.zero_()
-                return
-            forward_v4(self, q, output, attn_metadata, compute_global_topk_indices_and_lens)
+            _forward_mqa(forward_v4, self, q, output, get_forward_context().attn_metadata,
+                         compute_global_topk_indices_and_lens)
 
     return DeepseekV4TritonMLAAttention
 
@@ -121,9 +136,7 @@ def forward_v4(layer: Any, q: torch.Tensor, output: torch.Tensor, attn_metadata:
                global_topk: Any) -> None:
     """The forward of :func:`triton_attention_cls`'s layer from vLLM's per-layer metadata (decode rows first, then
     prefill rows, as vLLM orders the batch). ``global_topk``: vLLM's ``compute_global_topk_indices_and_lens``."""
-    swa = attn_metadata.get(layer.swa_cache_layer.prefix)
-    if swa is None:
-        raise ValueError(f"attn_metadata: expected the window cache's metadata ({layer.swa_cache_layer.prefix})")
+    swa = _window_metadata(layer, attn_metadata)
     meta = attn_metadata.get(layer.prefix)
     swa_only = layer.compress_ratio <= 1
     compressed = None if swa_only else layer.kv_cache
@@ -192,11 +205,8 @@ def triton_attention_cls_v41() -> type:
 
         def forward_mqa(self, q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor,
                         output: torch.Tensor) -> None:
-            attn_metadata = get_forward_context().attn_metadata
-            if attn_metadata is None:  # a warm-up run without metadata
-                output.zero_()
-                return
-            forward_v41(self, q, output, attn_metadata, compute_global_topk_indices_and_lens)
+            _forward_mqa(forward_v41, self, q, output, get_forward_context().attn_metadata,
+                         compute_global_topk_indices_and_lens)
 
     return DeepseekV41TritonMLAAttention
 
@@ -207,9 +217,7 @@ def forward_v41(layer: Any, q: torch.Tensor, output: torch.Tensor, attn_metadata
     share caches: a compressed layer (compress ratio 1 or 2) reads the kv-source layer's cache
     (``_compressed_kv_cache()``) with the metadata under ``compressed_cache_prefix``, and every one of them takes the
     index-source layer's top-k (request-local compressed positions) as its extra list; ratio 0 is window only."""
-    swa = attn_metadata.get(layer.swa_cache_layer.prefix)
-    if swa is None:
-        raise ValueError(f"attn_metadata: expected the window cache's metadata ({layer.swa_cache_layer.prefix})")
+    swa = _window_metadata(layer, attn_metadata)
     swa_only = layer.compress_ratio == 0
     meta = None
     compressed = None
