@@ -35,6 +35,11 @@ def base_spec(name: str, *, variant: str, backend: str, kv: str, mode: str, mode
     return validate_spec(spec)
 
 
+#: Everything the plugin runs on an SM 8.x GPU instead of vLLM's Hopper components, forced on any GPU.
+SM8X_ENV = {"TRITON_MLA_SPARSE_INDEXER": "always", "TRITON_MLA_SPARSE_SOFT_FP8": "always",
+            "TRITON_MLA_SPARSE_DSV4_PORTABLE": "always"}
+
+
 def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARIANTS),
                       modes: tuple[str, ...] = ("eager", "graphs")) -> tuple[list[dict], list[dict]]:
     """The runs and the pairs to compare: per variant and mode, each cache dtype's peer, ours with vLLM's indexer
@@ -81,16 +86,14 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
             # mHC prenorm (and o_proj, a no-op on these bf16 weights)
             specs.append(base_spec(f"{tag}-ours-sm8x", variant=variant, backend=OURS_V4, kv="fp8_ds_mla",
                                    mode="graphs", model_root=model_root, count_calls=True,
-                                   env={"TRITON_MLA_SPARSE_INDEXER": "always", "TRITON_MLA_SPARSE_SOFT_FP8": "always",
-                                        "TRITON_MLA_SPARSE_DSV4_PORTABLE": "always"}))
+                                   env=SM8X_ENV))
             pair("sm8x_vs_native", f"{tag}-ours-sm8x", f"{tag}-ours", variant=variant, mode="graphs",
                  kv="fp8_ds_mla", indexer="ours")
         if "eager" in modes:  # the same eager, each portable call also made with vLLM's kernel (shadow_portable)
             tag = f"{variant}-eager-fp8_ds_mla"
             specs.append(base_spec(f"{tag}-ours-sm8x", variant=variant, backend=OURS_V4, kv="fp8_ds_mla",
                                    mode="eager", model_root=model_root, count_calls=True, shadow_portable=True,
-                                   env={"TRITON_MLA_SPARSE_INDEXER": "always", "TRITON_MLA_SPARSE_SOFT_FP8": "always",
-                                        "TRITON_MLA_SPARSE_DSV4_PORTABLE": "always"}))
+                                   env=SM8X_ENV))
             pair("sm8x_vs_native", f"{tag}-ours-sm8x", f"{tag}-ours", variant=variant, mode="eager",
                  kv="fp8_ds_mla", indexer="ours")
         if {"eager", "graphs"} <= set(modes):

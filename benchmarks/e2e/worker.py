@@ -158,8 +158,8 @@ class PortableCounter:
     for its CuTeDSL one) and vLLM's Triton indexer-q kernel (run where the routes answer ``has_cutedsl()`` False):
     their calls, eager and recorded into CUDA graphs, over the whole engine life. With ``shadow`` (an eager engine
     on a GPU where vLLM's own kernels run), each eager call is also made with vLLM's kernel (DeepGEMM's prenorm,
-    the CuTeDSL compressor into a copy of the cache, the CuTeDSL indexer q into fresh outputs) and the worst
-    differences kept per component."""
+    the CuTeDSL compressor on the cache pages the call touches, restored before the portable call, the CuTeDSL
+    indexer q into fresh outputs) and the worst differences kept per component."""
 
     def __init__(self, shadow: bool = False) -> None:
         self.stats = {f"{what}_{when}": 0 for what in ("prenorm", "compress", "indexer_q")

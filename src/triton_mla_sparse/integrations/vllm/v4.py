@@ -10,12 +10,12 @@ lowest compute capability it runs on.
 
 Where :func:`routes_attention` says so, the wrapper returns this package's V4 / V4.1 attention layer
 (:func:`.v4_attention.triton_attention_cls` / :func:`.v4_attention.triton_attention_cls_v41`: both caches and the
-sink read by the Triton kernels) instead of vLLM's class, and the attention row no longer blocks; nor do the rows the plugin's other switches take over there
-(:func:`taken_components`: the Triton indexer on V4's compressed cache, the portable o_proj and mHC prenorm of
-:mod:`.v4_portable` and its routes from the CuTeDSL compressor and indexer-q kernels to vLLM's Triton ones, the
-software e4m3 casts). So from SM 8.0 on nothing blocks DeepSeek-V4 with the default switches. DeepSeek-V4.1 gets
-the attention layer, the indexer-q route and the software casts; its indexer (two-level candidate blocks) and its
-o_proj still block it below SM 9.0. A backend named with
+sink read by the Triton kernels) instead of vLLM's class, and the attention row no longer blocks; nor do the rows
+the plugin's other switches take over there (:func:`taken_components`: the Triton indexer on V4's compressed
+cache, the portable o_proj and mHC prenorm of :mod:`.v4_portable` and its routes from the CuTeDSL compressor and
+indexer-q kernels to vLLM's Triton ones, the software e4m3 casts). So from SM 8.0 on nothing blocks DeepSeek-V4
+with the default switches. DeepSeek-V4.1 gets the attention layer, the indexer-q route and the software casts; its
+indexer (two-level candidate blocks) and its o_proj still block it below SM 9.0. A backend named with
 ``--attention-backend`` is vLLM's to honour: ``auto`` then leaves the choice to vLLM, ``triton`` refuses the
 combination.
 
@@ -30,8 +30,9 @@ capability is unknown) vLLM's function runs unchanged.
 
 Switch: ``TRITON_MLA_SPARSE_DSV4`` = ``auto`` (default: the check above; our attention where vLLM has none: below
 SM 9.0, and on SM 12.x without FlashInfer's V4 kernels for the model's heads and window) | ``triton`` (our attention
-for DeepSeek-V4 and V4.1 on every CUDA GPU from SM 8.0 on, e.g. to compare it with vLLM's in one engine) | ``off`` (nothing
-is wrapped; vLLM then fails at run time as without the plugin), read by :func:`install`. Where vLLM's function is
+for DeepSeek-V4 and V4.1 on every CUDA GPU from SM 8.0 on but V4.1 on SM 10.x, e.g. to compare it with vLLM's in
+one engine) | ``off`` (nothing is wrapped; vLLM then fails at run time as without the plugin), read by
+:func:`install`. Where vLLM's function is
 missing or has another signature than vLLM 0.33's, one warning is logged and that module is left alone. This
 module imports vLLM inside functions only and never touches CUDA.
 """
@@ -172,16 +173,13 @@ def taken_components(model: str) -> tuple[Component, ...]:
     compressor and indexer-q kernels (``TRITON_MLA_SPARSE_DSV4_PORTABLE`` not ``off``: :mod:`.v4_portable`), its
     Triton kernels' e4m3 casts (``TRITON_MLA_SPARSE_SOFT_FP8`` not ``off``). For V4.1 the indexer-q route and the
     casts only (its indexer's candidate blocks and its o_proj stay vLLM's)."""
-    if model == V41:
-        return ((INDEXER_Q,) if dsv4_portable_mode() != "off" else ()) + \
-            ((CASTS,) if soft_fp8_mode() != "off" else ())
-    if model != V4:
+    if model not in (V4, V41):
         return ()
     taken = []
-    if indexer_mode() != "off":
+    if model == V4 and indexer_mode() != "off":
         taken.append(INDEXER)
     if dsv4_portable_mode() != "off":
-        taken += [EINSUM, PRENORM, COMPRESSOR, INDEXER_Q]
+        taken += [EINSUM, PRENORM, COMPRESSOR, INDEXER_Q] if model == V4 else [INDEXER_Q]
     if soft_fp8_mode() != "off":
         taken.append(CASTS)
     return tuple(taken)
@@ -244,15 +242,12 @@ def flashinfer_sm120_ready(vllm_config: Any, model: str = V4) -> bool:
         from vllm.utils.flashinfer import has_flashinfer_sparse_mla_sm120, has_flashinfer_sparse_mla_sm120_config
 
         fi = importlib.import_module(_FLASHINFER_MODULES[model])
-        _pad_to_supported_q_heads, _required_sm120_sparse_topk = (fi._pad_to_supported_q_heads,
-                                                                  fi._required_sm120_sparse_topk)
-
         if not has_flashinfer_sparse_mla_sm120():
             return False
         hf = vllm_config.model_config.hf_config
         heads = hf.num_attention_heads // vllm_config.parallel_config.tensor_parallel_size
         return bool(has_flashinfer_sparse_mla_sm120_config(
-            _pad_to_supported_q_heads(heads), _required_sm120_sparse_topk(vllm_config, hf.sliding_window)))
+            fi._pad_to_supported_q_heads(heads), fi._required_sm120_sparse_topk(vllm_config, hf.sliding_window)))
     except Exception as e:  # noqa: BLE001 (vLLM refuses to build the layer then: ours is the only path)
         warn_once("sm120-ready", "triton-mla-sparse: could not ask FlashInfer for its SM120 DeepSeek-V4 kernels "
                   "(%s: %s); taken as missing.", type(e).__name__, e)

@@ -74,6 +74,17 @@ def _window_metadata(layer: Any, attn_metadata: dict) -> Any:
     return swa
 
 
+def _global_list(layer: Any, swa: Any, meta: Any, compressed: torch.Tensor, local: torch.Tensor, rows: slice,
+                 decode: bool, global_topk: Any) -> dict:
+    """The compressed list of ``rows``: request-local compressed positions ``local`` as global slots of
+    ``compressed`` through the compressed metadata's block table (its decode requests' rows for decode rows) and
+    their counts, by vLLM's ``compute_global_topk_indices_and_lens`` (``global_topk``)."""
+    block_table = meta.block_table[:swa.num_decodes] if decode else meta.block_table
+    idx, lens = global_topk(local, swa.token_to_req_indices[rows], block_table, meta.block_size // layer.compress_ratio,
+                            swa.is_valid_token[rows])
+    return dict(extra_cache=compressed, extra_indices=idx, extra_lens=lens)
+
+
 def _run_phases(layer: Any, q: torch.Tensor, output: torch.Tensor, swa: Any, extra_for: Any) -> None:
     """The decode rows, then the prefill rows (vLLM's batch order), each one :func:`run_v4_attention` call with the
     window metadata's indices and ``extra_for(rows, decode)``'s compressed list."""
@@ -155,10 +166,7 @@ def forward_v4(layer: Any, q: torch.Tensor, output: torch.Tensor, attn_metadata:
                         extra_lens=meta.c128a_decode_topk_lens)
         else:
             local = meta.c128a_prefill_topk_indices
-        block_table = meta.block_table[:swa.num_decodes] if decode else meta.block_table
-        idx, lens = global_topk(local, swa.token_to_req_indices[rows], block_table,
-                                meta.block_size // layer.compress_ratio, swa.is_valid_token[rows])
-        return dict(extra_cache=compressed, extra_indices=idx, extra_lens=lens)
+        return _global_list(layer, swa, meta, compressed, local, rows, decode, global_topk)
 
     _run_phases(layer, q, output, swa, extra_for)
 
@@ -233,9 +241,6 @@ def forward_v41(layer: Any, q: torch.Tensor, output: torch.Tensor, attn_metadata
             raise ValueError("attn_metadata: a compressed layer needs its metadata, token validity and request map")
         if layer.topk_indices_buffer is None:
             raise ValueError("topk_indices_buffer: a compressed V4.1 layer needs the indexer's top-k")
-        block_table = meta.block_table[:swa.num_decodes] if decode else meta.block_table
-        idx, lens = global_topk(layer.topk_indices_buffer[rows], swa.token_to_req_indices[rows], block_table,
-                                meta.block_size // layer.compress_ratio, swa.is_valid_token[rows])
-        return dict(extra_cache=compressed, extra_indices=idx, extra_lens=lens)
+        return _global_list(layer, swa, meta, compressed, layer.topk_indices_buffer[rows], rows, decode, global_topk)
 
     _run_phases(layer, q, output, swa, extra_for)

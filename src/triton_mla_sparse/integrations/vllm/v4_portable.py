@@ -50,8 +50,9 @@ COMPRESSOR_MODULE = "vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cut
 COMPRESSOR_KERNEL = "_SPARSE_ATTN_COMPRESSOR_CUTEDSL_KERNEL"
 #: The compressor's CuTeDSL kernels that ``DeepseekCompressor`` registers for vLLM's JIT warm-up.
 COMPRESSOR_WARMUPS = ("_SPARSE_ATTN_COMPRESS_NORM_ROPE_STORE_C4_KERNEL",
-                      "_SPARSE_ATTN_COMPRESS_NORM_ROPE_STORE_FULL_C4_KERNEL", "_SPARSE_ATTN_COMPRESS_C128_BLOCK8_KERNEL",
-                      "_SPARSE_ATTN_NORM_ROPE_STORE_KERNEL", "_SPARSE_ATTN_NORM_ROPE_STORE_FULL_KERNEL")
+                      "_SPARSE_ATTN_COMPRESS_NORM_ROPE_STORE_FULL_C4_KERNEL",
+                      "_SPARSE_ATTN_COMPRESS_C128_BLOCK8_KERNEL", "_SPARSE_ATTN_NORM_ROPE_STORE_KERNEL",
+                      "_SPARSE_ATTN_NORM_ROPE_STORE_FULL_KERNEL")
 INDEXER_Q_MODULE = "vllm.models.deepseek_v4.common.ops.fused_indexer_q"
 INDEXER_Q_CUTEDSL_MODULE = "vllm.models.deepseek_v4.nvidia.ops.fused_indexer_q_cutedsl"
 #: The indexer-q CuTeDSL kernels that ``DeepseekV4Indexer`` registers for vLLM's JIT warm-up.
