@@ -197,7 +197,7 @@ def test_same_signature_as_vllms_function(vi):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(use_fp4_cache=True), "MXFP4"),
-    (dict(candidate_blocks=torch.zeros(4, 2, dtype=torch.int32), candidate_block_size=64), "candidate blocks"),
+    (dict(candidate_blocks=torch.zeros(4, 2, dtype=torch.int32), candidate_block_size=0), "candidate blocks"),
     (dict(compress_ratio=0), "compress_ratio 0"),
     (dict(compress_ratio=4, use_fp4_cache=True), "MXFP4"),  # DeepSeek-V4 with indexer_kv_dtype=mxfp4
     (dict(head_dim=64), "head dim"),
@@ -244,24 +244,30 @@ def _interpreted(kernel_cls):
                                          raw.__name__))
 
 
-def v4_indexer_spec(compress_ratio=4):
+def v4_indexer_spec(compress_ratio=4, *, v41=False):
     """The kv-cache spec of vLLM's ``DeepseekV4IndexerCache`` (its own ``get_kv_cache_spec``) for the FP8 indexer
     cache (128 e4m3 + a float32 scale = 132 bytes per entry), with the block size its backend supports and the
-    cache dtype FlashMLA's V4 layers use."""
-    from vllm.models.deepseek_v4.attention import DeepseekV4IndexerCache
-    from vllm.v1.attention.backends.mla.indexer import DeepseekV4IndexerBackend
+    cache dtype FlashMLA's V4 layers use; ``v41``: DeepSeek-V4.1's cache class and backend (128-token blocks off
+    SM 9.0)."""
+    if v41:
+        from vllm.models.deepseek_v41.attention import DeepseekV4IndexerCache
+        from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend as backend
+    else:
+        from vllm.models.deepseek_v4.attention import DeepseekV4IndexerCache
+        from vllm.v1.attention.backends.mla.indexer import DeepseekV4IndexerBackend as backend
 
-    (block_size,) = DeepseekV4IndexerBackend.get_supported_kernel_block_sizes()
+    (block_size,) = backend.get_supported_kernel_block_sizes()
     layer = types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=block_size), head_dim=132,
-                                  dtype=torch.uint8, compress_ratio=compress_ratio)
+                                  dtype=torch.uint8, compress_ratio=compress_ratio, sparse_logits=False,
+                                  rocm_mxfp4=False)  # V4.1's cache: no MXFP4 sparse-logits path
     config = types.SimpleNamespace(cache_config=types.SimpleNamespace(cache_dtype="fp8_ds_mla"))
     return DeepseekV4IndexerCache.get_kv_cache_spec(layer, config)
 
 
 def build_metadata(vc, monkeypatch, query_lens, seq_lens, block_table, *, max_prefill_buffer=None, compress_ratio=1,
-                   slot_mapping=None):
+                   slot_mapping=None, v41=False):
     """vLLM's DeepseekV32IndexerMetadataBuilder.build for one batch (decodes first, as vLLM orders them); with
-    ``compress_ratio`` > 1 for DeepSeek-V4's indexer cache (:func:`v4_indexer_spec`)."""
+    ``compress_ratio`` > 1 for DeepSeek-V4's indexer cache (:func:`v4_indexer_spec`), ``v41``: V4.1's."""
     import vllm.v1.attention.backends.mla.compressor_utils as cu
     import vllm.v1.attention.backends.mla.indexer as idx
     from vllm.v1.attention.backend import CommonAttentionMetadata
@@ -286,7 +292,7 @@ def build_metadata(vc, monkeypatch, query_lens, seq_lens, block_table, *, max_pr
     if compress_ratio == 1:
         spec = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=132, dtype=torch.uint8)
     else:
-        spec = v4_indexer_spec(compress_ratio)
+        spec = v4_indexer_spec(compress_ratio, v41=v41)
         assert spec.tokens_per_state == compress_ratio and spec.num_states == BLOCK
     builder = idx.DeepseekV32IndexerMetadataBuilder(spec, [PREFIX], vc, torch.device("cpu"),
                                                     block_table_width=block_table.shape[1])
@@ -635,3 +641,81 @@ def test_v4_speculative_decode_rows(vi, vc, monkeypatch):
                                     decode=decode, block_table=batch["block_table"])
     assert decode.seq_lens.reshape(-1).tolist() == (batch["kpos"] + 1).tolist()
     assert_matches_reference(batch, run_op(v4_op(), md, batch, vc))
+
+
+# ------------------------------------------------------------ DeepSeek-V4.1: two-level candidate blocks
+
+C2 = 2  # a V4.1 ratio-2 indexer cache
+CAND_BS = 4  # candidate_block_size (compressed entries per block)
+CAND_K = 5  # candidate_topk_blocks: 20 entries, more than TOPK, far fewer than the longest rows' 150
+
+
+def assert_topk_sets(got, logits, kpos, k, what):
+    """Row t of ``got``: the positions of the k largest of ``logits[t]`` above -inf (near-ties at the k-th value may
+    differ), then -1."""
+    for t in range(got.shape[0]):
+        row = logits[t]
+        cand = [p for p in range(row.shape[0]) if row[p] != -math.inf]
+        want = set(sorted(cand, key=lambda p: -row[p].item())[:k])
+        mine = got[t]
+        m = set(mine[mine >= 0].tolist())
+        assert len(m) == int((mine >= 0).sum()) == len(want), f"{what} row {t}: {mine.tolist()} vs {sorted(want)}"
+        assert (mine[len(m):] == -1).all() and all(p <= int(kpos[t]) for p in m), f"{what} row {t}"
+        if m != want:
+            kth = min(row[p].item() for p in want)
+            for p in m ^ want:
+                assert math.isclose(row[p].item(), kth, rel_tol=1e-5, abs_tol=1e-6), f"{what} row {t}: {m ^ want}"
+
+
+def test_v41_candidate_source_and_consumer(vi, vc, monkeypatch):
+    """DeepSeek-V4.1's two-level selection through the op, on vLLM's compressed metadata (ratio 2, decodes and a
+    chunked and a fresh prefill): the candidate source (``candidate_write``) publishes each row's best blocks of
+    its logits (the newest block always among them) and its own top-k is the plain one; a later index source
+    (same buffer, other queries) returns the top-k of its logits masked to those blocks."""
+    from triton_mla_sparse.integrations.vllm.candidates import select_candidate_blocks
+
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    spec = v4_indexer_spec(C2, v41=True)  # 128-token blocks: pages of 64 entries
+    batch = make_batch([1, 1, 1, 5, 40], [300, 3, 9, 130, 40], seed=21,
+                       gap_bytes=spec.page_size_bytes - BLOCK * 132 + 512, compress_ratio=C2)
+    md = build_metadata(vc, monkeypatch, batch["query_lens"], batch["seq_lens"], batch["block_table"],
+                        compress_ratio=C2, v41=True)
+    buffer = torch.full((64, CAND_K), 777, dtype=torch.int32)
+    common = dict(compress_ratio=C2, max_model_len=4096 // C2, candidate_blocks=buffer, candidate_block_size=CAND_BS)
+    source, consumer = make_op(candidate_write=True, **common), make_op(candidate_write=False, **common)
+    T, kpos = batch["T"], batch["kpos"]
+    visible = (kpos + 1).clamp(min=0)
+    width = int(visible.max())
+
+    got = run_op(source, md, batch, vc)
+    args = (batch["q"], batch["weights"], batch["dense"], batch["block_table"], batch["req"], kpos)
+    logits = reference.indexer_logits(*args, width, compute_dtype=torch.float64)
+    assert_topk_sets(got[:T], logits, kpos, TOPK, "source top-k")
+    want = torch.empty(T, CAND_K, dtype=torch.int32)
+    select_candidate_blocks(logits.float(), visible, CAND_BS, want)  # the step's own semantics: test_vllm_candidates
+    for t in range(T):
+        mine, ref = set(buffer[t].tolist()), set(want[t].tolist())
+        assert mine == ref, f"candidates row {t}: {sorted(mine)} vs {sorted(ref)}"
+        if visible[t] > 0:
+            assert (int(visible[t]) - 1) // CAND_BS in mine, t
+    assert (buffer[T:] == 777).all()
+    assert (visible > CAND_K * CAND_BS).any() and (buffer[:T] == -1).any()  # masking bites; short rows are padded
+
+    g = torch.Generator().manual_seed(5)
+    q2 = (torch.randn(T, HI, 128, generator=g) * 2).to(torch.float8_e4m3fn)
+    w2 = torch.randn(T, HI, generator=g) * 0.1
+    published = buffer.clone()
+    got2 = run_op(consumer, md, batch, vc, q=q2, weights=w2)
+    assert torch.equal(buffer, published)  # a consumer only reads the candidates
+    logits2 = reference.indexer_logits(q2, w2, *args[2:], width, compute_dtype=torch.float64)
+    cols = torch.arange(width)
+    kept = torch.zeros(T, width, dtype=torch.bool)
+    for t in range(T):
+        for b in published[t].tolist():
+            if b >= 0:
+                kept[t] |= (cols // CAND_BS) == b
+    assert_topk_sets(got2[:T], logits2.masked_fill(~kept, -math.inf), kpos, TOPK, "consumer top-k")
+    unmasked = set()
+    for t in range(T):
+        unmasked |= {int(p) for p in got2[t] if p >= 0 and not kept[t, int(p)]}
+    assert not unmasked

@@ -20,21 +20,22 @@ MODULES = {"DeepSeek-V4": "vllm.models.deepseek_v4.nvidia.model",
 FLASHMLA, INDEXER, EINSUM, MHC, COMPRESSOR, INDEXQ, CASTS = (
     "FlashMLA", "fp8_fp4_paged_mqa_logits", "fp8_einsum", "tf32_hc_prenorm_gemm", "sparse_attn_compress_cutedsl",
     "fused_indexer_q_cutedsl", "float8e4nv")
-# DeepSeek-V4's attention is routed to the plugin's layer below SM 9.0: FlashMLA no longer blocks it; with the
-# default switches neither do the indexer, the o_proj einsum, the mHC prenorm, the CuTeDSL compressor and indexer-q
-# kernels and the e4m3 casts (the plugin's indexer, v4_portable, the software casts), so nothing stops V4 from SM 8.0
-# on. With those three switches off (OFF_ENV) every component blocks again. The CuTeDSL kernels are sm_89+ PTX.
-EXPECTED = {
-    ("DeepSeek-V4.1", (8, 0)): {INDEXER, EINSUM},
-    ("DeepSeek-V4.1", (8, 6)): {INDEXER, EINSUM},
-    ("DeepSeek-V4.1", (8, 9)): {INDEXER, EINSUM},
-}
+# DeepSeek-V4's and V4.1's attention is routed to the plugin's layer below SM 9.0: FlashMLA no longer blocks them;
+# with the default switches neither do the indexer (V4.1's with its candidate blocks), the o_proj einsum, the mHC
+# prenorm, the CuTeDSL compressor and indexer-q kernels and the e4m3 casts (the plugin's indexer, v4_portable, the
+# software casts), so nothing stops either model from SM 8.0 on. With those three switches off (OFF_ENV) every
+# component of the model's path blocks again (V4.1 has no forced-DeepGEMM prenorm and no CuTeDSL compressor). The
+# CuTeDSL kernels are sm_89+ PTX.
+V41_ROWS = {FLASHMLA, INDEXER, EINSUM, INDEXQ, CASTS}
 EXPECTED_OFF = {
     ("DeepSeek-V4", (8, 0)): {INDEXER, EINSUM, MHC, COMPRESSOR, INDEXQ, CASTS},
     ("DeepSeek-V4", (8, 6)): {INDEXER, EINSUM, MHC, COMPRESSOR, INDEXQ, CASTS},
     ("DeepSeek-V4", (8, 9)): {INDEXER, EINSUM, MHC},
+    ("DeepSeek-V4.1", (8, 0)): {INDEXER, EINSUM, INDEXQ, CASTS},
+    ("DeepSeek-V4.1", (8, 6)): {INDEXER, EINSUM, INDEXQ, CASTS},
+    ("DeepSeek-V4.1", (8, 9)): {INDEXER, EINSUM},
 }
-# each switch alone and the rows it gives back: (switch, capability) -> rows added to EXPECTED's
+# each switch alone and the rows it gives back (on V4.1: those of its path, V41_ROWS)
 SWITCH_ROWS = {policy.INDEXER_ENV: {INDEXER}, policy.DSV4_PORTABLE_ENV: {EINSUM, MHC, COMPRESSOR, INDEXQ},
                policy.SOFT_FP8_ENV: {CASTS}}
 BELOW_SM89 = {COMPRESSOR, INDEXQ, CASTS}  # the rows that run natively on SM 8.9
@@ -74,21 +75,23 @@ def _select(cuda_mod, module, capability):
         return module._select_dsv4_attn_cls(VllmConfig())
 
 
-_CASES = ([(m, c, ()) for m, c in sorted(EXPECTED)] + [(m, c, OFF_ENV) for m, c in sorted(EXPECTED_OFF)]
-          + [("DeepSeek-V4", c, (var,)) for var in OFF_ENV for c in ((8, 6), (8, 9))
+_CASES = ([(m, c, OFF_ENV) for m, c in sorted(EXPECTED_OFF)]
+          + [(m, c, (var,)) for m in MODULES for var in OFF_ENV for c in ((8, 6), (8, 9))
              if (var, c) != (policy.SOFT_FP8_ENV, (8, 9))])  # the casts run natively on SM 8.9
 
 
 @pytest.mark.parametrize("model,capability,off", _CASES)
 def test_the_build_stops_with_one_error_naming_each_component(checked, cuda_platform_module, monkeypatch, model,
                                                                capability, off):
-    """Below SM 9.0 one ValueError names each component that still cannot run; ``off``: the switches set to
-    ``off`` (all of the plugin's indexer, portable o_proj / prenorm and software casts, or each alone: exactly its
-    rows come back)."""
-    expected = set(EXPECTED.get((model, capability), set()))
+    """Below SM 9.0 one ValueError names each component that cannot run when switches are set to ``off`` (all of
+    the plugin's indexer, portable o_proj / prenorm and software casts, or each alone: exactly its rows of the
+    model's path come back)."""
+    expected = set()
     for name in off:
         monkeypatch.setenv(name, "off")
         expected |= {row for row in SWITCH_ROWS[name] if row not in BELOW_SM89 or capability < (8, 9)}
+    if model == "DeepSeek-V4.1":
+        expected &= V41_ROWS
     if off == OFF_ENV:
         assert expected == EXPECTED_OFF[model, capability]
     with pytest.raises(ValueError) as info:
@@ -119,7 +122,7 @@ def test_a_missing_prenorm_hook_keeps_the_prenorm_blocking(checked, cuda_platfor
 def test_sm8x_builds_v4_on_the_plugins_components(checked, cuda_platform_module, capability):
     """On SM 8.x with the default switches nothing blocks DeepSeek-V4: the layer is ours, the first layer's mHC
     prenorm is wrapped, and below SM 8.9 the CuTeDSL compressor and indexer-q calls are routed to vLLM's Triton
-    kernels (v4_portable); V4.1 still stops."""
+    kernels (v4_portable); nor DeepSeek-V4.1 (its layer is ours)."""
     v4_portable.uninstall()
     v4_portable.uninstall_cutedsl_routes()
     try:
@@ -131,8 +134,13 @@ def test_sm8x_builds_v4_on_the_plugins_components(checked, cuda_platform_module,
         v4_portable.uninstall()
         v4_portable.uninstall_cutedsl_routes()
     assert not v4_portable.installed() and not v4_portable.cutedsl_routes_installed()
-    with pytest.raises(ValueError, match="DeepSeek-V4.1 cannot run"):
-        _select(cuda_platform_module, checked["DeepSeek-V4.1"], capability)
+    try:
+        got = _select(cuda_platform_module, checked["DeepSeek-V4.1"], capability)
+        assert got.__name__ == "DeepseekV41TritonMLAAttention"
+        assert v4_portable.cutedsl_routes_installed() == (capability < (8, 9))  # the indexer-q route
+    finally:
+        v4_portable.uninstall()
+        v4_portable.uninstall_cutedsl_routes()
 
 
 def test_missing_cutedsl_routes_keep_their_rows_blocking(checked, cuda_platform_module, monkeypatch):
@@ -219,10 +227,6 @@ def test_a_named_backend_is_vllms_choice(checked, cuda_platform_module, monkeypa
 def test_triton_mode_routes_v4_everywhere(checked, cuda_platform_module, monkeypatch, capability):
     monkeypatch.setenv(policy.DSV4_ENV, "triton")
     for model, module in checked.items():
-        if capability < (9, 0) and model == "DeepSeek-V4.1":  # V4.1's components still stop the build there
-            with pytest.raises(ValueError, match="cannot run on this GPU"):
-                _select(cuda_platform_module, module, capability)
-            continue
         if capability[0] == 10 and model == "DeepSeek-V4.1":  # its MXFP8 record there: refused, not routed
             with pytest.raises(ValueError, match="528-byte MXFP8 record"):
                 _select(cuda_platform_module, module, capability)
@@ -337,10 +341,11 @@ def fake_model(tmp_path, monkeypatch, cuda_platform_module):
     assert v4.installed_modules() == {}
 
 
-def test_a_module_imported_later_is_wrapped_on_import(fake_model, cuda_platform_module):
+def test_a_module_imported_later_is_wrapped_on_import(fake_model, cuda_platform_module, monkeypatch):
     module = importlib.import_module(fake_model)
     assert module._select_dsv4_attn_cls.__wrapped__.__module__ == fake_model
-    with _cuda_platform_for(cuda_platform_module, 8, 6, True):  # FlashMLA stops V4.1 there
+    monkeypatch.setenv(policy.INDEXER_ENV, "off")  # V4.1's indexer then stops the build on SM 8.6
+    with _cuda_platform_for(cuda_platform_module, 8, 6, True):
         with pytest.raises(ValueError, match="compute capability 8.6"):
             module._select_dsv4_attn_cls("cfg")
     with _cuda_platform_for(cuda_platform_module, 10, 0, True):

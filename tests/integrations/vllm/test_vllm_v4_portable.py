@@ -247,16 +247,34 @@ def test_routed_cutedsl_kernels_stay_out_of_the_jit_warmup(cutedsl_modules, monk
     assert len(registry) == (0 if mode == "always" else len(kernels))
 
 
-def test_route_wo_a_refuses_e4m3_weights_without_128_block_scales(monkeypatch):
-    """An e4m3 ``wo_a`` whose scales are not 128 x 128 blocks (e.g. MXFP8's 32-wide ones) cannot be dequantized by the
-    portable o_proj: refused when the layer is built, not left to fail inside DeepGEMM; a 128-block one is routed."""
+def test_route_wo_a_refuses_e4m3_weights_without_known_scales(monkeypatch):
+    """An e4m3 ``wo_a`` whose scales are neither 128 x 128 blocks nor MXFP8's (uint8, one per 32 values of a row)
+    cannot be dequantized by the portable o_proj: refused when the layer is built, not left to fail inside
+    DeepGEMM; a 128-block one and an MXFP8 one are routed."""
     monkeypatch.setenv(policy.DSV4_PORTABLE_ENV, "always")
     wo_a = torch.nn.Module()
     wo_a.quant_method = type("Method", (), {"process_weights_after_loading": lambda self, layer: None})()
     wo_a.weight = torch.nn.Parameter(torch.zeros(256, 512).to(torch.float8_e4m3fn), requires_grad=False)
-    wo_a.weight_scale = torch.nn.Parameter(torch.ones(256, 16), requires_grad=False)  # 32-wide blocks
-    with pytest.raises(ValueError, match="wo_a: the portable o_proj dequantizes e4m3 weights with 128 x 128"):
-        v4_portable.route_wo_a(wo_a)
-    wo_a.weight_scale = torch.nn.Parameter(torch.ones(2, 4), requires_grad=False)
-    assert v4_portable.route_wo_a(wo_a)
-    assert wo_a.quant_method.process_weights_after_loading is v4_portable.dequantize_wo_a
+    for bad in (torch.ones(256, 16), torch.ones(256, 8, dtype=torch.uint8)):  # float32 32-wide; uint8 64-wide
+        wo_a.weight_scale = torch.nn.Parameter(bad, requires_grad=False)
+        with pytest.raises(ValueError, match="wo_a: the portable o_proj dequantizes e4m3 weights with 128 x 128"):
+            v4_portable.route_wo_a(wo_a)
+    for good in (torch.ones(2, 4), torch.full((256, 16), 127, dtype=torch.uint8)):
+        wo_a.weight_scale = torch.nn.Parameter(good, requires_grad=False)
+        wo_a.quant_method.process_weights_after_loading = None
+        assert v4_portable.route_wo_a(wo_a)
+        assert wo_a.quant_method.process_weights_after_loading is v4_portable.dequantize_wo_a
+
+
+def test_dequantize_wo_a_mxfp8():
+    """An MXFP8 ``wo_a`` (uint8 UE8M0 scales, one per 32 values of a row): value times 2^(scale - 127), in bf16."""
+    g = torch.Generator().manual_seed(3)
+    weight = (torch.randn(64, 96, generator=g) * 100).to(torch.float8_e4m3fn)
+    scale = torch.randint(115, 131, (64, 3), generator=g).to(torch.uint8)
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    layer.weight_scale = torch.nn.Parameter(scale, requires_grad=False)
+    v4_portable.dequantize_wo_a(layer)
+    want = (weight.float() * torch.exp2(scale.float() - 127).repeat_interleave(32, 1)).to(torch.bfloat16)
+    assert layer.weight.dtype == torch.bfloat16 and not hasattr(layer, "weight_scale")
+    assert torch.equal(layer.weight, want)

@@ -390,6 +390,26 @@ def test_deterministic_rows_equal_rows_alone(q_name):
         assert set(wider[0].tolist()) == set(both[t].tolist()), t
 
 
+def test_deterministic_logits_equal_rows_alone():
+    """``indexer_logits(deterministic=True)``: a prefill-shaped call's rows equal (bit for bit) each row computed
+    alone, and match the reference; the flag is checked."""
+    case = make_case(k_fmt="fp8", q_dtype=QS["fp16"], Hi=32, lengths=(300, 70, 130), seed=12)
+    T, bs = len(case["positions"]), 16
+    max_len = case["block_table"].shape[1] * bs
+    assert T > case["block_table"].shape[0]  # rows share K tiles without the flag
+    ref = reference.indexer_logits(*args(case), max_len, compute_dtype=torch.float64)
+    both = torch.full((T, max_len), math.nan, dtype=torch.float32, device=DEVICE)
+    tms.indexer_logits(*args(case), max_len, out=both, deterministic=True)
+    assert_logits_match(both, ref, what="deterministic")
+    for t in range(0, T, 7):
+        one = {k: (v[t:t + 1] if k in ("q", "weights", "req_id_per_token", "positions") else v)
+               for k, v in case.items()}
+        alone = tms.indexer_logits(*args(one), max_len, deterministic=True)
+        assert torch.equal(alone[0], both[t]), t
+    with pytest.raises(ValueError, match="^deterministic: expected a bool"):
+        tms.indexer_logits(*args(case), max_len, deterministic="yes")
+
+
 def test_deterministic_argument_checks():
     case = make_case(k_fmt="fp8", Hi=4, lengths=(20,))
     with pytest.raises(ValueError, match="^select: expected None or 'torch' with deterministic=True"):

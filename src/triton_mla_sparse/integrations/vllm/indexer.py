@@ -44,7 +44,13 @@ length - 1, any order, -1 padded) into ``topk_indices_buffer[row, :topk_tokens]`
 every decode row, with vLLM's metadata (``DeepseekV32IndexerMetadata``), its dense-MHA early return, its buffer
 clearing and its decode packing for ragged speculative batches. Not supported, rejected at construction with one
 ``ValueError``: the MXFP4 indexer cache, the SM10x MX-scaled (UE8M0) fp8 cache, the shuffled cache layout, decode /
-prefill context parallelism and two-level candidate blocks (DeepSeek-V4.1).
+prefill context parallelism.
+
+DeepSeek-V4.1's two-level candidate blocks (``candidate_blocks``: the candidate source layer writes each row's best
+blocks of ``candidate_block_size`` compressed positions, later index sources mask their logits to them) run between
+the logits (materialised with :func:`triton_mla_sparse.indexer_logits`) and the select
+(:func:`triton_mla_sparse.ops.topk.topk_select`), by :mod:`.candidates` (vLLM's semantics in torch); prefill rows are
+then not sharded, as in vLLM.
 
 Compressed indexer caches (``compress_ratio`` C > 1: DeepSeek-V4's C4A layers, ``DeepseekV4Indexer``, C = 4) are
 served with the FP8 cache, whose pages have V3.2's layout (per page of ``block_size / C`` compressed entries: their
@@ -76,9 +82,11 @@ from vllm.model_executor.layers.sparse_attn_indexer import PrefillRowShard, Spar
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import LayerNameType, _encode_layer_name, _resolve_layer_name, direct_register_custom_op
 
-from ... import indexer_topk
+from ... import indexer_logits, indexer_topk
 from ...capabilities import supports_capability
 from ...formats import D_INDEX
+from ...ops.topk import topk_select
+from .candidates import apply_candidate_mask, select_candidate_blocks
 from .policy import INDEXER_ENV, INDEXER_MODES, batch_invariant, indexer_mode, logger
 
 __all__ = [
@@ -196,7 +204,8 @@ def use_triton_indexer() -> tuple[bool, str]:
 
 
 def unsupported_reasons(*, k_cache: Any, head_dim: int, use_fp4_cache: bool, compress_ratio: int,
-                        candidate_blocks: torch.Tensor | None, dcp_world_size: int, use_pcp: bool) -> list[str]:
+                        candidate_blocks: torch.Tensor | None, dcp_world_size: int, use_pcp: bool,
+                        candidate_block_size: int = 0) -> list[str]:
     """What of an indexer's configuration the Triton indexer cannot serve (empty: everything)."""
     from vllm.utils.deep_gemm import mqa_logits_use_mx_scales
 
@@ -211,8 +220,9 @@ def unsupported_reasons(*, k_cache: Any, head_dim: int, use_fp4_cache: bool, com
         reasons.append("the shuffled indexer cache layout")
     if not isinstance(compress_ratio, int) or compress_ratio < 1:
         reasons.append(f"compress_ratio {compress_ratio!r} (a positive int: 1, or DeepSeek-V4's 4)")
-    if candidate_blocks is not None:
-        reasons.append("two-level candidate blocks (DeepSeek-V4.1)")
+    if candidate_blocks is not None and (not isinstance(candidate_block_size, int) or candidate_block_size < 1):
+        reasons.append(f"two-level candidate blocks of candidate_block_size {candidate_block_size!r} (a positive "
+                       f"int)")
     if dcp_world_size > 1:
         reasons.append("decode context parallelism")
     if use_pcp:
@@ -264,7 +274,7 @@ class TritonSparseAttnIndexer(SparseAttnIndexer):
         reasons = unsupported_reasons(
             k_cache=self.k_cache, head_dim=self.head_dim, use_fp4_cache=self.use_fp4_cache,
             compress_ratio=self.compress_ratio, candidate_blocks=self.candidate_blocks,
-            dcp_world_size=self.dcp_world_size, use_pcp=self.use_pcp)
+            dcp_world_size=self.dcp_world_size, use_pcp=self.use_pcp, candidate_block_size=self.candidate_block_size)
         if reasons:
             raise ValueError(
                 f"triton-mla-sparse: the Triton DSA indexer was chosen ({why}) but does not support "
@@ -348,17 +358,34 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _indexer_topk_into(out, q, weights, kv_cache, block_table, req, positions, max_len):
-    """``indexer_topk`` into ``out`` (a view of the top-k buffer); float32 weights as the kernels want them."""
+def _indexer_topk_into(out, q, weights, kv_cache, block_table, req, positions, max_len, candidates=None):
+    """``indexer_topk`` into ``out`` (a view of the top-k buffer); float32 weights as the kernels want them.
+
+    ``candidates`` (DeepSeek-V4.1: these rows of the candidate-block buffer, the block size, whether this layer
+    writes them): the logits are materialised, then the candidate step runs between them and the select — the
+    candidate source publishes its rows' best blocks, a later index source masks its logits to them — over each
+    row's ``positions + 1`` request-local entries, as vLLM's function does between DeepGEMM's logits and its top-k."""
     if weights.dtype != torch.float32:
         weights = weights.float()
-    indexer_topk(q, weights, kv_cache, block_table, req, positions, out.shape[1], max_len=max_len, out=out,
-                 deterministic=_DETERMINISTIC[0])
+    if candidates is None:
+        indexer_topk(q, weights, kv_cache, block_table, req, positions, out.shape[1], max_len=max_len, out=out,
+                     deterministic=_DETERMINISTIC[0])
+        return
+    blocks, block_size, write = candidates
+    logits = indexer_logits(q, weights, kv_cache, block_table, req, positions, max_len,
+                            deterministic=_DETERMINISTIC[0])
+    visible = (positions + 1).clamp_(min=0)  # positions -1: no entry yet
+    if write:
+        select_candidate_blocks(logits, visible, block_size, blocks)
+    else:
+        apply_candidate_mask(logits, visible, blocks, block_size)
+    topk_select(logits, out.shape[1], out=out, select="torch" if _DETERMINISTIC[0] else None)
 
 
-def _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens):
+def _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, candidates=None):
     prefill = md.prefill
-    row_shard = PrefillRowShard.from_metadata(prefill, md.num_decode_tokens)
+    # candidate rows are absolute token rows, so prefill rows are not sharded then (as in vLLM)
+    row_shard = None if candidates is not None else PrefillRowShard.from_metadata(prefill, md.num_decode_tokens)
     for chunk in prefill.chunks:
         start, end = chunk.token_start, chunk.token_end
         ks, ke = chunk.cu_seqlen_ks, chunk.cu_seqlen_ke
@@ -368,8 +395,11 @@ def _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens):
                 continue
             start, end, ks, ke = narrowed
         out = topk_indices_buffer[start:end, :topk_tokens]
+        rows = None if candidates is None else (candidates[0][start:end], *candidates[1:])
         if chunk.local_total_seq_lens == 0 or end == start:
             out.fill_(-1)
+            if rows is not None and rows[2]:  # vLLM's select on zero-width logits: no candidate
+                rows[0].fill_(-1)
             continue
         # Row i scores K rows [ks[i], ke[i]) of the chunk's gathered K: request-local positions 0 … ke-ks-1 of the
         # request whose gathered range starts at ks[i] (right=True skips empty requests sharing that start). With a
@@ -380,12 +410,13 @@ def _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens):
         req = (torch.searchsorted(cu, ks, right=True) - 1).to(torch.int32)
         positions = (ke - ks - 1).to(torch.int32)
         _indexer_topk_into(out, q_quant[start:end], weights[start:end], kv4, chunk.block_table, req, positions,
-                           chunk.max_seqlen_k)
+                           chunk.max_seqlen_k, rows)
     if row_shard is not None:
         row_shard.exchange_topk(topk_indices_buffer, topk_tokens)
 
 
-def _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_model_len, compress_ratio):
+def _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_model_len, compress_ratio,
+            candidates=None):
     from vllm.v1.attention.ops.common import pack_seq_triton, unpack_seq_triton
 
     decode = md.decode
@@ -420,8 +451,9 @@ def _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_mod
     max_len = max_model_len if _capturing(q_quant.device) else md.max_seq_len // compress_ratio
     max_len = min(max_len, block_table.shape[1] * kv4.shape[1])
     out = topk_indices_buffer[:rows, :topk_tokens]
+    # candidate rows follow the packed decode rows, as in vLLM (the source and its consumers pack alike)
     _indexer_topk_into(out, padded_q.reshape(rows, *q_quant.shape[1:]), w, kv4, block_table, req, positions,
-                       max_len)
+                       max_len, None if candidates is None else (candidates[0][:rows], *candidates[1:]))
     if needs_padded_path:
         topk = unpack_seq_triton(out.reshape(batch_size, -1, out.shape[-1]), decode_lens)
         topk_indices_buffer[: topk.shape[0], : topk.shape[-1]] = topk
@@ -511,9 +543,10 @@ def _sparse_attn_indexer_op(
             use_pcp, pcp_shard_decode_requests, dense_mha_metadata_layer_name, use_fp4_cache, dcp_rank,
             dcp_world_size, cp_kv_cache_interleave_size, skip_topk_buffer_clear, candidate_blocks,
             candidate_block_size, candidate_write, topk_backend)
-    if use_fp4_cache or q_scale is not None or candidate_blocks is not None or dcp_world_size > 1 or use_pcp:
-        raise RuntimeError("triton-mla-sparse indexer: MXFP4 caches, candidate blocks and context parallelism are "
-                           "not supported (the op's constructor rejects them)")
+    if use_fp4_cache or q_scale is not None or dcp_world_size > 1 or use_pcp:
+        raise RuntimeError("triton-mla-sparse indexer: MXFP4 caches and context parallelism are not supported (the "
+                           "op's constructor rejects them)")
+    candidates = None if candidate_blocks is None else (candidate_blocks, candidate_block_size, candidate_write)
     md = attn_metadata[_resolve_layer_name(k_cache_prefix)]
     if q_quant.dtype == torch.float8_e4m3fnuz:
         # vLLM's fp8 on gfx942 (its indexer cache too): the same bytes read as e4m3fn are exactly twice each value
@@ -544,9 +577,10 @@ def _sparse_attn_indexer_op(
         topk_indices_buffer[: hidden_states.shape[0]] = -1
     kv4 = kv_cache.unsqueeze(-2) if kv_cache.dim() == 3 else kv_cache  # [num_blocks, block_size, 1, 132] bytes
     if md.num_prefills > 0:
-        _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens)
+        _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, candidates)
     if md.num_decodes > 0:
-        _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_model_len, compress_ratio)
+        _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_model_len, compress_ratio,
+                candidates)
     return topk_indices_buffer
 
 

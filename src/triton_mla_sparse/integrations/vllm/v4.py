@@ -14,8 +14,8 @@ sink read by the Triton kernels) instead of vLLM's class, and the attention row 
 the plugin's other switches take over there (:func:`taken_components`: the Triton indexer on V4's compressed
 cache, the portable o_proj and mHC prenorm of :mod:`.v4_portable` and its routes from the CuTeDSL compressor and
 indexer-q kernels to vLLM's Triton ones, the software e4m3 casts). So from SM 8.0 on nothing blocks DeepSeek-V4
-with the default switches. DeepSeek-V4.1 gets the attention layer, the indexer-q route and the software casts; its
-indexer (two-level candidate blocks) and its o_proj still block it below SM 9.0. A backend named with
+with the default switches; nor DeepSeek-V4.1 (the attention layer, the Triton indexer with its two-level candidate
+blocks, the portable o_proj, the indexer-q route and the software casts). A backend named with
 ``--attention-backend`` is vLLM's to honour: ``auto`` then leaves the choice to vLLM, ``triton`` refuses the
 combination.
 
@@ -92,15 +92,16 @@ COMPONENTS: tuple[Component, ...] = (
         "Called by vllm.model_executor.layers.sparse_attn_indexer.sparse_attn_indexer (SparseAttnIndexer); "
         "DeepGEMM runs on arch 9/10/12 only. The plugin's Triton indexer (integrations.vllm.indexer) takes V4's "
         "compressed FP8 indexer cache (compress_ratio 4, the C4A layers' DeepseekV4Indexer; run in a live V4 engine "
-        "on an H200 with TRITON_MLA_SPARSE_INDEXER=always); it rejects the MXFP4 "
-        "indexer cache and V4.1's two-level candidate blocks at construction."),
+        "on an H200 with TRITON_MLA_SPARSE_INDEXER=always) and V4.1's (ratios 1 and 2, with its two-level "
+        "candidate blocks: integrations.vllm.candidates); it rejects the MXFP4 indexer cache at construction."),
     Component(
         "o_proj fp8 einsum (DeepGEMM fp8_einsum)",
         "vllm.utils.deep_gemm.fp8_einsum",
         (9, 0), (V4, V41),
         "vllm.models.deepseek_v4.nvidia.ops.o_proj.deep_gemm_fp8_o_proj: the grouped wo_a projection of every "
         "attention layer (FlashMLA and FlashInfer classes); no fallback in vLLM for e4m3 weights (below SM 9.0 "
-        "Marlin repacks wo_a). The plugin's V4 layer dequantizes wo_a to bf16 after loading, so vLLM's bf16 branch "
+        "Marlin repacks wo_a; V4.1's dsv41_o_proj calls the same function off SM 10.x). The plugin's V4 and V4.1 "
+        "layers dequantize an e4m3 wo_a (128 x 128 blocks, or MXFP8) to bf16 after loading, so vLLM's bf16 branch "
         "runs (v4_portable.route_wo_a)."),
     Component(
         "mHC first-layer prenorm GEMM (DeepGEMM tf32_hc_prenorm_gemm)",
@@ -171,15 +172,15 @@ def taken_components(model: str) -> tuple[Component, ...]:
     runs, by the plugin's switches: DeepSeek-V4's indexer logits (``TRITON_MLA_SPARSE_INDEXER`` not ``off``: ``auto``
     picks the Triton indexer wherever DeepGEMM cannot run), its o_proj einsum, first-layer mHC prenorm, CuTeDSL
     compressor and indexer-q kernels (``TRITON_MLA_SPARSE_DSV4_PORTABLE`` not ``off``: :mod:`.v4_portable`), its
-    Triton kernels' e4m3 casts (``TRITON_MLA_SPARSE_SOFT_FP8`` not ``off``). For V4.1 the indexer-q route and the
-    casts only (its indexer's candidate blocks and its o_proj stay vLLM's)."""
+    Triton kernels' e4m3 casts (``TRITON_MLA_SPARSE_SOFT_FP8`` not ``off``). V4.1's path has no forced-DeepGEMM
+    prenorm and no CuTeDSL compressor; the rest is the same."""
     if model not in (V4, V41):
         return ()
     taken = []
-    if model == V4 and indexer_mode() != "off":
+    if indexer_mode() != "off":
         taken.append(INDEXER)
     if dsv4_portable_mode() != "off":
-        taken += [EINSUM, PRENORM, COMPRESSOR, INDEXER_Q] if model == V4 else [INDEXER_Q]
+        taken += [EINSUM, PRENORM, COMPRESSOR, INDEXER_Q] if model == V4 else [EINSUM, INDEXER_Q]
     if soft_fp8_mode() != "off":
         taken.append(CASTS)
     return tuple(taken)

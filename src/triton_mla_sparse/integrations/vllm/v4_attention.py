@@ -176,15 +176,18 @@ def triton_attention_cls_v41() -> type:
     """DeepSeek-V4.1's ``DeepseekV4Attention`` (``vllm.models.deepseek_v41``) on this package's kernels (built once;
     imports vLLM). Off SM 10.x vLLM writes V4.1's caches in V4's 584-byte fp8_ds_mla record, so the kernels and
     :func:`run_v4_attention` are V4's; the layer differs in its metadata (:func:`forward_v41`), its o_proj
-    (``dsv41_o_proj``, vLLM's as is: ``wo_a`` is not rerouted) and its backend classes (V4.1's FlashInfer ones,
-    whose builders know its compress ratios 0 / 1 / 2). Prefill context parallelism and any record but V4's
-    (SM 10.x's MXFP8 one, ``nvfp4_ds_mla``) are refused at construction."""
+    (``dsv41_o_proj``: off SM 10.x ``deep_gemm_fp8_o_proj``, with an e4m3 ``wo_a`` — 128 x 128 blocks or MXFP8 —
+    dequantized to bf16 after loading where DeepGEMM's einsum cannot run, as in V4's layer) and its backend classes
+    (V4.1's FlashInfer ones, whose builders know its compress ratios 0 / 1 / 2). Prefill context parallelism and
+    any record but V4's (SM 10.x's MXFP8 one, ``nvfp4_ds_mla``) are refused at construction."""
     from vllm.forward_context import get_forward_context
     from vllm.models.deepseek_v4.nvidia.ops.o_proj import compute_fp8_einsum_recipe
     from vllm.models.deepseek_v41.attention import DeepseekV4Attention
     from vllm.models.deepseek_v41.common.ops import compute_global_topk_indices_and_lens
     from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
     from vllm.models.deepseek_v41.nvidia.ops.o_proj import dsv41_o_proj
+
+    from .v4_portable import route_wo_a
 
     class DeepseekV41TritonMLAAttention(DeepseekV4Attention):
         """DeepSeek-V4.1 sparse MLA attention on triton-mla-sparse's kernels (no head padding)."""
@@ -207,6 +210,7 @@ def triton_attention_cls_v41() -> type:
                                  f"fp8_ds_mla record, got {self.kv_cache_dtype!r}"
                                  f"{' in the MXFP8 record of SM 10.x' if getattr(self, 'kv_mxfp8', False) else ''}")
             self._einsum_recipe, self._tma_aligned_scales = compute_fp8_einsum_recipe(self._o_proj_block_size)
+            route_wo_a(self.wo_a)  # e4m3 wo_a as bf16 where DeepGEMM's einsum cannot run
 
         def _o_proj(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             return dsv41_o_proj(self, o, positions)

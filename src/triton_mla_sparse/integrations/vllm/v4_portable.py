@@ -36,13 +36,14 @@ import torch
 
 from .policy import dsv4_portable_mode, warn_once
 
-__all__ = ["BLOCK", "PRENORM_MODULE", "PRENORM_HOOK", "COMPRESSOR_MODULE", "COMPRESSOR_KERNEL", "COMPRESSOR_WARMUPS",
-           "INDEXER_Q_MODULE", "INDEXER_Q_CUTEDSL_MODULE", "INDEXER_Q_WARMUPS", "CUTEDSL_MIN_CAPABILITY",
+__all__ = ["BLOCK", "MX_BLOCK", "PRENORM_MODULE", "PRENORM_HOOK", "COMPRESSOR_MODULE", "COMPRESSOR_KERNEL",
+           "COMPRESSOR_WARMUPS", "INDEXER_Q_MODULE", "INDEXER_Q_CUTEDSL_MODULE", "INDEXER_Q_WARMUPS", "CUTEDSL_MIN_CAPABILITY",
            "cutedsl_route_wanted", "dequantize_block_fp8", "dequantize_wo_a", "install", "install_cutedsl_routes",
            "installed", "cutedsl_routes_installed", "portable_compress", "portable_wanted", "prenorm_outputs",
            "route_wo_a", "uninstall", "uninstall_cutedsl_routes"]
 
 BLOCK = 128  # DeepSeek-V4's fp8 weights: one scale per 128 x 128 block
+MX_BLOCK = 32  # MXFP8 weights (a V4.1 checkpoint may ship them): one UE8M0 scale (uint8) per 32 values of a row
 PRENORM_MODULE = "vllm.model_executor.kernels.mhc.tilelang"
 PRENORM_HOOK = "_hc_prenorm_gemm_outputs"
 _MARK = "_triton_mla_sparse_portable_prenorm"
@@ -97,11 +98,20 @@ def dequantize_block_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch
     return out
 
 
+def _is_mxfp8_scale(weight: torch.Tensor, scale: Any) -> bool:
+    """Whether ``scale`` is the MXFP8 scale of ``weight`` [N, K]: UE8M0 bytes (uint8, vLLM's ``kMxfp8StaticScale``)
+    ``[N, K / 32]``."""
+    n, k = weight.shape
+    return (isinstance(scale, torch.Tensor) and scale.dtype == torch.uint8 and k % MX_BLOCK == 0
+            and tuple(scale.shape) == (n, k // MX_BLOCK))
+
+
 def dequantize_wo_a(layer: torch.nn.Module) -> None:
-    """``process_weights_after_loading`` for a V4 ``wo_a`` with e4m3 block weights: its weight as bf16 (a new
-    parameter; the e4m3 one and its scales are dropped), so that ``deep_gemm_fp8_o_proj`` takes its bf16 branch.
-    A weight that is not e4m3 is left alone. The new parameter has no weight loader: reloading weights into a
-    built engine (a refit) is not supported on this path."""
+    """``process_weights_after_loading`` for a V4 / V4.1 ``wo_a`` with e4m3 weights: its weight as bf16 (a new
+    parameter; the e4m3 one and its scales are dropped), so that ``deep_gemm_fp8_o_proj`` takes its bf16 branch —
+    128 x 128 block scales by :func:`dequantize_block_fp8`, MXFP8 scales (:func:`_is_mxfp8_scale`) by vLLM's own
+    ``dequant_mxfp8_to_bf16``. A weight that is not e4m3 is left alone. The new parameter has no weight loader:
+    reloading weights into a built engine (a refit) is not supported on this path."""
     weight = layer.weight
     if weight.dtype != torch.float8_e4m3fn:
         return
@@ -111,7 +121,13 @@ def dequantize_wo_a(layer: torch.nn.Module) -> None:
         scale = getattr(layer, "weight_scale_inv", None)
     if scale is None:
         raise ValueError("wo_a: an e4m3 weight without block scales (weight_scale / weight_scale_inv)")
-    layer.weight = torch.nn.Parameter(dequantize_block_fp8(weight.data, scale.data), requires_grad=False)
+    if _is_mxfp8_scale(weight, scale):
+        from vllm.model_executor.layers.quantization.utils.mxfp8_utils import dequant_mxfp8_to_bf16
+
+        dense = dequant_mxfp8_to_bf16(weight.data, scale.data)
+    else:
+        dense = dequantize_block_fp8(weight.data, scale.data)
+    layer.weight = torch.nn.Parameter(dense, requires_grad=False)
     for name in ("weight_scale_inv", "weight_scale", "input_scale"):
         if hasattr(layer, name):
             delattr(layer, name)
@@ -120,17 +136,19 @@ def dequantize_wo_a(layer: torch.nn.Module) -> None:
 def route_wo_a(wo_a: torch.nn.Module) -> bool:
     """Make ``wo_a``'s quant method dequantize its weight to bf16 after loading instead of vLLM's processing (e.g.
     Marlin's repack below SM 9.0) — when :func:`portable_wanted` and its weight is created e4m3 with 128 × 128
-    block scales (an fp8 checkpoint as DeepSeek-V4's); other e4m3 scales raise ``ValueError`` when the layer is built.
-    Returns whether it did."""
+    block scales (an fp8 checkpoint as DeepSeek-V4's) or MXFP8 scales (32-wide UE8M0, ``uint8``); other e4m3 scales
+    raise ``ValueError`` when the layer is built. Returns whether it did."""
     method = getattr(wo_a, "quant_method", None)
     weight = getattr(wo_a, "weight", None)
     if method is None or weight is None or weight.dtype != torch.float8_e4m3fn or not portable_wanted():
         return False
     blocks = (-(-weight.shape[0] // BLOCK), -(-weight.shape[1] // BLOCK))
     scales = [getattr(wo_a, n, None) for n in ("weight_scale", "weight_scale_inv")]
-    if not any(isinstance(t, torch.Tensor) and tuple(t.shape) == blocks for t in scales):
+    if not any(isinstance(t, torch.Tensor) and tuple(t.shape) == blocks or _is_mxfp8_scale(weight, t)
+               for t in scales):
         raise ValueError(f"wo_a: the portable o_proj dequantizes e4m3 weights with 128 x 128 block scales "
-                         f"({list(blocks)} for a weight {list(weight.shape)}), got scales "
+                         f"({list(blocks)} for a weight {list(weight.shape)}) or MXFP8 scales (uint8 "
+                         f"[{weight.shape[0]}, K / {MX_BLOCK}]), got scales "
                          f"{[tuple(t.shape) for t in scales if isinstance(t, torch.Tensor)]}; DeepGEMM's einsum "
                          f"does not run on this GPU")
     method.process_weights_after_loading = dequantize_wo_a  # this layer's method object only

@@ -141,23 +141,33 @@ def _launch_logits(p: IndexerProblem, out: torch.Tensor, cfg: IndexerConfig, ws:
     launch_indexer_logits(p, out, cfg, ws)
 
 
+def _deterministic_config(p: IndexerProblem) -> IndexerConfig:
+    """One query row per logits program (row groups share K tiles in prefill: the head sum's order would follow the
+    grouping), one kernel for every shape of call (the wgmma kernel takes decode-shaped calls only), torch.topk."""
+    return choose_indexer_config(p, select="torch", rows_per_program=1, family="tl")
+
+
 def indexer_logits(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                    req_id_per_token: torch.Tensor, positions: torch.Tensor, max_len: int, *,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None, deterministic: bool = False) -> torch.Tensor:
     """Indexer logits float32 ``[T, max_len]`` with the Triton kernel.
 
     Same arguments and result as :func:`triton_mla_sparse.reference.indexer_logits` (the contract): row t, column p
     holds ``Σ_h weights[t, h] · relu(<q[t, h], k[p]> · kscale[p])`` for request-local positions
     ``p <= positions[t]`` of request ``req_id_per_token[t]`` whose block is addressable, and -inf elsewhere.
     ``out=`` (float32 ``[T, max_len]``, any strides) receives the result when given. No host synchronisation.
+    ``deterministic=True``: each row's logits are a function of that row's inputs alone (one query row per
+    program; otherwise rows that share K tiles may sum their heads in another order), as in :func:`indexer_topk`.
     """
     p = check_indexer_inputs(q, weights, k_cache, block_table, req_id_per_token, positions)
     check_int("max_len", max_len, 0, MAX_LEN)
     check_out(out, torch.float32, (p.T, max_len), p.device)
+    if not isinstance(deterministic, bool):
+        fail("deterministic", "a bool", repr(deterministic))
     check_kernel_device(p.device)
     result = out if out is not None else torch.empty(p.T, max_len, dtype=torch.float32, device=p.device)
     if p.T and max_len:
-        cfg = choose_indexer_config(p)
+        cfg = _deterministic_config(p) if deterministic else choose_indexer_config(p)
         with device_guard(p.device):
             _launch_logits(p, result, cfg)
     return result
@@ -210,9 +220,8 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, 
     check_kernel_device(p.device)
     result = out if out is not None else torch.empty(p.T, topk, dtype=torch.int32, device=p.device)
     if p.T:
-        if deterministic:  # row groups share K tiles in prefill: the head sum's order would follow the grouping;
-            # one kernel for every shape of call (the wgmma kernel takes decode-shaped calls only)
-            cfg = choose_indexer_config(p, select="torch", rows_per_program=1, family="tl")
+        if deterministic:
+            cfg = _deterministic_config(p)
         else:
             cfg = choose_indexer_config(p, **({"select": select} if select else {}))
         logits = torch.empty(p.T, max_len, dtype=torch.float32, device=p.device)
