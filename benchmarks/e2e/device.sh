@@ -57,7 +57,7 @@ PY
     if [ "${SKIP_SMOKE:-0}" != "1" ]; then
     # A smoke run first (one eager engine): a broken harness shows here, before the background runs start.
     (cd benchmarks && PYTHONUNBUFFERED=1 timeout 420 python3 -m e2e correctness --out "$E2E"/smoke \
-        --variants "${SMOKE_VARIANTS:-glm5-h8}" --modes eager --only "${SMOKE_RE:-(bfloat16|dsv4-h[0-9]+-eager-fp8_ds_mla)-ours\$}" \
+        --variants "${SMOKE_VARIANTS:-glm5-h8}" --modes eager --only "${SMOKE_RE:-(bfloat16|dsv41?-h[0-9]+-eager-fp8_ds_mla)-ours\$}" \
         --parallel 4 --timeout 400) 2>&1 | tail -5
     ls "$E2E"/smoke/runs/*.json >/dev/null 2>&1 || { echo "smoke: no run matched SMOKE_VARIANTS / SMOKE_RE"; exit 1; }
     python3 - "$E2E"/smoke/runs/*.json <<'PY' || exit 1

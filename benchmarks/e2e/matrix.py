@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .models import VARIANTS, is_v4
+from .models import VARIANTS, is_v4, is_v41, uses_v4_layer
 from .prompts import CORRECTNESS_LENGTHS
-from .schema import OURS, OURS_V4, PEER_V4, PEERS, validate_spec
+from .schema import OURS, OURS_V4, OURS_V41, PEER_V4, PEER_V41, PEERS, validate_spec
 
 BENCH_DIR = Path(__file__).resolve().parent.parent  # benchmarks/: the worker runs as ``python -m e2e.worker``
 
@@ -51,7 +51,9 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
     forward (``shadow_attention``); with CUDA graphs, ours also with the software e4m3 casts forced in vLLM's V4
     Triton kernels (``TRITON_MLA_SPARSE_SOFT_FP8=always``, SM 8.0/8.6's path) against ours without them, and with
     everything SM 8.x runs instead of vLLM's components forced (our indexer, the software casts, the portable mHC
-    prenorm: ``TRITON_MLA_SPARSE_DSV4_PORTABLE=always``) against ours without them."""
+    prenorm: ``TRITON_MLA_SPARSE_DSV4_PORTABLE=always``) against ours without them. A DeepSeek-V4.1 variant runs per
+    mode our V4.1 layer against vLLM's V4.1 FlashMLA layer (shadowed as V4's) and ours with everything SM 8.x runs
+    forced against ours (eager: each portable call shadowed), plus the eager-vs-graphs yardsticks."""
     specs: list[dict] = []
     pairs: list[dict] = []
 
@@ -59,7 +61,7 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
         pairs.append({"kind": kind, "variant": variant, "mode": mode, "kv_cache_dtype": kv, "indexer": indexer,
                       "ours": ours, "peer": peer})
 
-    v3 = tuple(v for v in variants if not is_v4(v))
+    v3 = tuple(v for v in variants if not uses_v4_layer(v))
     for variant in variants:
         if not is_v4(variant):
             continue
@@ -96,6 +98,26 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
                                    env=SM8X_ENV))
             pair("sm8x_vs_native", f"{tag}-ours-sm8x", f"{tag}-ours", variant=variant, mode="eager",
                  kv="fp8_ds_mla", indexer="ours")
+        if {"eager", "graphs"} <= set(modes):
+            for who in ("peer", "ours"):
+                pair(f"{who}_eager_vs_graphs", f"{variant}-eager-fp8_ds_mla-{who}",
+                     f"{variant}-graphs-fp8_ds_mla-{who}", variant=variant, mode="eager~graphs", kv="fp8_ds_mla")
+    for variant in variants:
+        if not is_v41(variant):
+            continue
+        for mode in modes:
+            tag = f"{variant}-{mode}-fp8_ds_mla"
+            specs.append(base_spec(f"{tag}-peer", variant=variant, backend=PEER_V41, kv="fp8_ds_mla", mode=mode,
+                                   model_root=model_root, shadow_attention=True))
+            specs.append(base_spec(f"{tag}-ours", variant=variant, backend=OURS_V41, kv="fp8_ds_mla", mode=mode,
+                                   model_root=model_root, count_calls=True))
+            # our indexer (with V4.1's candidate blocks), the software casts and the indexer-q route, as on SM 8.x
+            specs.append(base_spec(f"{tag}-ours-sm8x", variant=variant, backend=OURS_V41, kv="fp8_ds_mla",
+                                   mode=mode, model_root=model_root, count_calls=True,
+                                   shadow_portable=mode == "eager", env=SM8X_ENV))
+            pair("vs_peer", f"{tag}-ours", f"{tag}-peer", variant=variant, mode=mode, kv="fp8_ds_mla")
+            pair("sm8x_vs_native", f"{tag}-ours-sm8x", f"{tag}-ours", variant=variant, mode=mode, kv="fp8_ds_mla",
+                 indexer="ours")
         if {"eager", "graphs"} <= set(modes):
             for who in ("peer", "ours"):
                 pair(f"{who}_eager_vs_graphs", f"{variant}-eager-fp8_ds_mla-{who}",
@@ -155,8 +177,9 @@ def serving_specs(model_root: str, *, variants: tuple[str, ...] = ("dsv32-h16", 
     specs = []
     serving = {"contexts": [8192, 32768], "batch": {"8192": 32, "32768": 8}, "new_tokens": 128, "repeats": 1}
     for variant in variants:
-        if is_v4(variant):
-            for backend, who in ((OURS_V4, "ours"), (PEER_V4, "peer")):
+        if uses_v4_layer(variant):
+            ours, peer = (OURS_V4, PEER_V4) if is_v4(variant) else (OURS_V41, PEER_V41)
+            for backend, who in ((ours, "ours"), (peer, "peer")):
                 specs.append(base_spec(f"serve-{variant}-fp8_ds_mla-{who}", task="serving", variant=variant,
                                        backend=backend, kv="fp8_ds_mla", mode="graphs", model_root=model_root,
                                        serving=serving))

@@ -9,42 +9,52 @@ from pathlib import Path
 from typing import Any
 
 from .compare import compare_runs
-from .schema import OURS, OURS_V4, PEER_V4, PEERS, SCHEMA_VERSION, validate_results
+from .models import is_v41, uses_v4_layer
+from .schema import OURS, OURS_LAYERS, OURS_V4, OURS_V41, PEER_V4, PEER_V41, PEERS, SCHEMA_VERSION, validate_results
 
 
-#: The attention layer class each side of a DeepSeek-V4 pair must have built for every layer.
-V4_LAYER = {OURS_V4: "DeepseekV4TritonMLAAttention", PEER_V4: "DeepseekV4FlashMLAAttention"}
+#: The attention layer class each side of a DeepSeek-V4 / V4.1 pair must have built for every layer (vLLM's V4.1
+#: FlashMLA class has V4's name, in ``vllm.models.deepseek_v41.nvidia.flashmla``).
+V4_LAYER = {OURS_V4: "DeepseekV4TritonMLAAttention", PEER_V4: "DeepseekV4FlashMLAAttention",
+            OURS_V41: "DeepseekV41TritonMLAAttention", PEER_V41: "DeepseekV4FlashMLAAttention"}
+#: The portable components ``TRITON_MLA_SPARSE_DSV4_PORTABLE=always`` runs per model, and the shadow entry that
+#: compares each with vLLM's kernel: V4.1 calls V4's indexer-q function only (its mHC prenorm is TileLang's or
+#: DeepGEMM's, its compressor Triton), so the plugin installs the CuTeDSL routes for it, not the prenorm hook.
+PORTABLE = {"v4": (("prenorm", "prenorm_out"), ("compress", "compress_bytes"), ("indexer_q", "indexer_q_values")),
+            "v41": (("indexer_q", "indexer_q_values"),)}
 
 
 def v4_checks(run: dict[str, Any]) -> list[str]:
-    """What a DeepSeek-V4 run must show to count (empty: all of it): every attention layer of its backend's class;
-    ours: calls through our layer (and, with our indexer forced, every indexer ours; with the software casts forced,
-    their router installed; with the portable components forced, the mHC prenorm, the compressor and the indexer q
-    run by the portable code, and with ``shadow_portable`` each of them compared with vLLM's kernel without
-    error); FlashMLA's with the
-    attention shadow: shadowed calls, no error, no non-finite."""
+    """What a DeepSeek-V4 or V4.1 run must show to count (empty: all of it): every attention layer of its backend's
+    class; ours: calls through our layer (and, with our indexer forced, every indexer ours; with the software casts
+    forced, their router installed; with the portable components forced, those of :data:`PORTABLE` run by the
+    portable code — V4: the mHC prenorm, the compressor and the indexer q; V4.1: the indexer q — and with
+    ``shadow_portable`` each of them compared with vLLM's kernel without error); FlashMLA's with the attention
+    shadow: shadowed calls, no error, no non-finite."""
     spec = run.get("spec", {})
     backend = spec.get("backend")
+    v41 = spec.get("variant") is not None and is_v41(spec["variant"])
     problems = []
     layers = run.get("layers") or {}
     if not layers or set(layers) != {V4_LAYER.get(backend)}:
         problems.append(f"attention layers {layers} are not all {V4_LAYER.get(backend)}")
-    if backend == OURS_V4 and spec.get("count_calls") and not (run.get("calls") or {}).get("calls"):
+    if backend in OURS_LAYERS and spec.get("count_calls") and not (run.get("calls") or {}).get("calls"):
         problems.append("no call went through our layer")
     indexers = run.get("indexers") or {}
     if spec.get("env", {}).get("TRITON_MLA_SPARSE_INDEXER") == "always" and \
             not (indexers.get("triton") and not indexers.get("vllm")):
         problems.append(f"indexers {indexers}: ours forced, yet not every indexer is ours")
     port = run.get("portable") or {}
+    components = PORTABLE["v41" if v41 else "v4"]
     if spec.get("env", {}).get("TRITON_MLA_SPARSE_DSV4_PORTABLE") == "always":
-        for what in ("prenorm", "compress", "indexer_q"):
+        for what, _ in components:
             if not port.get(f"{what}_calls", 0) + port.get(f"{what}_captured", 0):
                 problems.append(f"portable {what} forced, yet not called: {port}")
-        if not (port.get("installed") and port.get("cutedsl_routes")):
+        if not ((port.get("installed") or v41) and port.get("cutedsl_routes")):  # V4.1: the routes only
             problems.append(f"portable components forced, yet not installed: {port}")
     if spec.get("shadow_portable"):  # each portable component compared with vLLM's kernel, without error
         shadow = port.get("shadow") or {}
-        for what in ("prenorm_out", "compress_bytes", "indexer_q_values"):
+        for _, what in components:
             if not (shadow.get(what) or {}).get("calls"):
                 problems.append(f"the portable shadow compared no {what} call")
         if port.get("shadow_error_count", 1):
@@ -67,12 +77,12 @@ def v4_checks(run: dict[str, Any]) -> list[str]:
 
 def correctness_rows(pairs: list[dict], results: dict[str, dict]) -> list[dict]:
     """One row per compared pair: agreement per prompt, our call counts and the indexer shadow when recorded. A
-    DeepSeek-V4 pair is ``ok`` only when both runs pass :func:`v4_checks`."""
+    DeepSeek-V4 or V4.1 pair is ``ok`` only when both runs pass :func:`v4_checks`."""
     rows = []
     for pair in pairs:
         ours, peer = results.get(pair["ours"], {}), results.get(pair["peer"], {})
         row = {**pair, "ok": bool(ours.get("ok") and peer.get("ok"))}
-        if row["ok"] and pair["variant"].startswith("dsv4"):
+        if row["ok"] and uses_v4_layer(pair["variant"]):
             problems = v4_checks(ours) + v4_checks(peer)
             if problems:
                 row.update(ok=False, errors={"checks": "; ".join(problems)})

@@ -12,7 +12,13 @@ PEERS = {"bfloat16": "FLASH_ATTN_MLA_SPARSE", "fp8_ds_mla": "FLASHMLA_SPARSE"}
 #: FlashMLA layer on SM90 (named, with our routing off); both read fp8_ds_mla pages only.
 OURS_V4, PEER_V4 = "TRITON_MLA_SPARSE_DSV4", "FLASHMLA_SPARSE_DSV4"
 V4_BACKENDS = (OURS_V4, PEER_V4)
-BACKENDS = (OURS, *PEERS.values(), *V4_BACKENDS)
+#: DeepSeek-V4.1 models: our V4.1 layer (the same switch) and vLLM 0.33's V4.1 FlashMLA layer on SM90, named by its
+#: own backend name (V4's would select the same class; vLLM keeps the names apart).
+OURS_V41, PEER_V41 = "TRITON_MLA_SPARSE_DSV41", "FLASHMLA_SPARSE_DSV41"
+V41_BACKENDS = (OURS_V41, PEER_V41)
+#: The backends that are the plugin's layer class, chosen by ``TRITON_MLA_SPARSE_DSV4``, not by a backend name.
+OURS_LAYERS = (OURS_V4, OURS_V41)
+BACKENDS = (OURS, *PEERS.values(), *V4_BACKENDS, *V41_BACKENDS)
 KV_CACHE_DTYPES = ("bfloat16", "fp8_ds_mla")
 MODES = ("eager", "graphs")
 TASKS = ("generate", "serving", "trace")
@@ -36,6 +42,14 @@ def _need(obj: dict[str, Any], fields: dict[str, Any], what: str) -> None:
             raise ValueError(f"{what}: field {key!r} must be {getattr(typ, '__name__', typ)}, got {obj[key]!r}")
 
 
+def variant_backends(variant: str) -> tuple[str, ...]:
+    """The backends ``variant`` (a key of ``models.VARIANTS``) can run: its family's pair of layers for DeepSeek-V4 and
+    V4.1, ours and the peers of the others."""
+    from .models import V4_FAMILY, V41_FAMILY, VARIANTS
+
+    return {V4_FAMILY: V4_BACKENDS, V41_FAMILY: V41_BACKENDS}.get(VARIANTS[variant].family, (OURS, *PEERS.values()))
+
+
 def validate_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """Check one worker spec (:mod:`.worker`); returns it. Raises ``ValueError`` naming the field."""
     if not isinstance(spec, dict):
@@ -50,12 +64,11 @@ def validate_spec(spec: dict[str, Any]) -> dict[str, Any]:
     for kv, peer in PEERS.items():
         if spec["backend"] == peer and spec["kv_cache_dtype"] != kv:
             raise ValueError(f"spec: {peer} reads only {kv} caches here, got {spec['kv_cache_dtype']!r}")
-    from .models import is_v4
-
-    if is_v4(spec["variant"]) != (spec["backend"] in V4_BACKENDS):
+    if spec["backend"] not in variant_backends(spec["variant"]):
         raise ValueError(f"spec: variant {spec['variant']!r} cannot run backend {spec['backend']!r} "
-                         f"(DeepSeek-V4 variants take {V4_BACKENDS}, the others {(OURS, *PEERS.values())})")
-    if spec["backend"] in V4_BACKENDS and spec["kv_cache_dtype"] != "fp8_ds_mla":
+                         f"(DeepSeek-V4 variants take {V4_BACKENDS}, V4.1 variants {V41_BACKENDS}, the others "
+                         f"{(OURS, *PEERS.values())})")
+    if spec["backend"] in V4_BACKENDS + V41_BACKENDS and spec["kv_cache_dtype"] != "fp8_ds_mla":
         raise ValueError(f"spec: {spec['backend']} reads only fp8_ds_mla caches, got {spec['kv_cache_dtype']!r}")
     if spec["task"] == "generate":
         _need(spec, _GENERATE_FIELDS, "generate spec")

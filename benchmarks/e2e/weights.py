@@ -10,7 +10,10 @@ DeepSeek-V4 models have no ``kv_b_proj``: their attention sinks are drawn for th
 layer pads 8 heads to 64, so that a draw of the whole parameter would differ from ours), their hash-MoE tables
 (drawn at construction from the global generator, whose state depends on what the attention layer drew before) are
 redrawn from the same seeded generators, the mHC mixing scales are weights (not quantisation scales), and the
-model's own load step (the first layer's broadcast mHC weight) runs again.
+model's own load step (the first layer's broadcast mHC weight) runs again. DeepSeek-V4.1 models take the same rules
+(their attention classes derive from V4.1's own ``DeepseekV4Attention`` with the same ``attn_sink`` and
+``n_local_heads``; they have no hash-MoE tables) and the same load step, found inside vLLM's multimodal wrapper
+(``language_model.model``).
 """
 
 from __future__ import annotations
@@ -94,23 +97,25 @@ def recompute_mla(model: torch.nn.Module) -> int:
 
 
 def recompute_v4(model: torch.nn.Module) -> bool:
-    """Re-run a DeepSeek-V4 model's own load step (its first layer's broadcast mHC weight, copied in place);
-    returns whether ``model`` is one."""
-    inner = getattr(model, "model", None)
-    if not hasattr(inner, "finalize_mhc_broadcast_weights"):
-        return False
-    inner.finalize_mhc_broadcast_weights()
-    return True
+    """Re-run a DeepSeek-V4 or V4.1 model's own load step (its first layer's broadcast mHC weight, copied in place);
+    returns whether ``model`` is one. V4's decoder is ``model.model``, V4.1's ``model.language_model.model`` (vLLM
+    builds V4.1 as a multimodal wrapper around the text model)."""
+    for inner in (getattr(model, "model", None), getattr(getattr(model, "language_model", None), "model", None)):
+        if hasattr(inner, "finalize_mhc_broadcast_weights"):
+            inner.finalize_mhc_broadcast_weights()
+            return True
+    return False
 
 
 def reinit(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> dict[str, Any]:
     """The function given to ``LLM.apply_model``: :func:`reinit_parameters`, then :func:`recompute_mla` (V3.2,
-    GLM-5) or :func:`recompute_v4` (DeepSeek-V4)."""
+    GLM-5) or :func:`recompute_v4` (DeepSeek-V4, V4.1)."""
     info = reinit_parameters(model, seed=seed, std=std)
     info["mla_layers"] = recompute_mla(model)
     info["v4"] = recompute_v4(model)
     if info["mla_layers"] == 0 and not info["v4"]:
-        raise RuntimeError("no MLA layer and no DeepSeek-V4 model found: derived weights would keep the dummy ones")
+        raise RuntimeError("no MLA layer and no DeepSeek-V4 / V4.1 model found: derived weights would keep the dummy "
+                           "ones")
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return info
@@ -132,7 +137,8 @@ class ReinitExtension:
 
 def probe_model(model: torch.nn.Module) -> dict[str, Any]:
     """Attention impl class names and batch-invariant flags, the attention layers by class (``layer/impl``, or the
-    layer alone where it is its own attention, as DeepSeek-V4's), and the DSA indexers' Triton flags, of ``model``."""
+    layer alone where it is its own attention, as DeepSeek-V4's and V4.1's), and the DSA indexers' Triton flags, of
+    ``model``."""
     import vllm.envs as envs
 
     impls: dict[str, int] = {}
@@ -146,7 +152,7 @@ def probe_model(model: torch.nn.Module) -> dict[str, Any]:
             impls[type(impl).__name__] = impls.get(type(impl).__name__, 0) + 1
             invariant_impls += bool(getattr(impl, "batch_invariant", False))
             layers[f"{name}/{type(impl).__name__}"] = layers.get(f"{name}/{type(impl).__name__}", 0) + 1
-        elif name.endswith("Attention"):  # a layer that is its own attention (DeepSeek-V4's classes)
+        elif name.endswith("Attention"):  # a layer that is its own attention (DeepSeek-V4's and V4.1's classes)
             layers[name] = layers.get(name, 0) + 1
         if type(module).__name__ == "TritonSparseAttnIndexer":
             indexers["triton" if module.triton else "vllm"] += 1

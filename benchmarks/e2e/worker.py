@@ -30,26 +30,22 @@ HERE = Path(__file__).resolve().parent
 
 
 def backend_env(spec: dict[str, Any]) -> dict[str, str]:
-    """The environment a spec's backend needs: on a DeepSeek-V4 variant, ours is the plugin's layer
+    """The environment a spec's backend needs: on a DeepSeek-V4 or V4.1 variant, ours is the plugin's layer
     (``TRITON_MLA_SPARSE_DSV4=triton``), the peer vLLM's own layer with the plugin's routing off."""
-    from .schema import OURS_V4, PEER_V4
+    from .schema import OURS_LAYERS, PEER_V4, PEER_V41
 
-    return {OURS_V4: {"TRITON_MLA_SPARSE_DSV4": "triton"},
-            PEER_V4: {"TRITON_MLA_SPARSE_DSV4": "off"}}.get(spec["backend"], {})
+    if spec["backend"] in OURS_LAYERS:
+        return {"TRITON_MLA_SPARSE_DSV4": "triton"}
+    return {"TRITON_MLA_SPARSE_DSV4": "off"} if spec["backend"] in (PEER_V4, PEER_V41) else {}
 
 
-def _engine(spec: dict[str, Any]):
-    from vllm import LLM
-    from vllm.plugins import load_general_plugins
+def engine_kwargs(spec: dict[str, Any], model_dir: str) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for ``spec``'s engine on the model folder ``model_dir``."""
+    from .models import is_v41, uses_v4_layer
+    from .schema import OURS_LAYERS
 
-    from .models import is_v4, write_model
-    from .schema import OURS_V4
-    from .weights import probe_model, reinit
-
-    load_general_plugins()  # so that attention_config can name TRITON_MLA_SPARSE
-    model_dir = write_model(spec["variant"], spec["model_root"], max_position_embeddings=spec["max_model_len"])
     kwargs: dict[str, Any] = dict(
-        model=str(model_dir),
+        model=model_dir,
         load_format="dummy",
         skip_tokenizer_init=True,
         dtype="bfloat16",
@@ -64,14 +60,29 @@ def _engine(spec: dict[str, Any]):
         enable_prefix_caching=False,
         disable_log_stats=not spec.get("speculative"),  # the speculator's acceptance counts are stats
     )
-    if not is_v4(spec["variant"]):  # V4's layers pick their own page sizes (64-token window pages, 256 compressed)
+    if not uses_v4_layer(spec["variant"]):  # V4's and V4.1's layers pick their own page sizes
         kwargs["block_size"] = 64
-    if spec["backend"] != OURS_V4:  # ours on V4 is a layer class chosen by the plugin, not a backend name
+    if spec["backend"] not in OURS_LAYERS:  # ours on V4 / V4.1 is a layer class chosen by the plugin, not a name
         kwargs["attention_config"] = {"backend": spec["backend"]}
+    if is_v41(spec["variant"]):  # V4.1's architecture is multimodal: no vision tower, no image inputs to profile
+        kwargs["language_model_only"] = True
     if spec["mode"] == "graphs":
         kwargs["cudagraph_capture_sizes"] = spec["capture_sizes"]
     if spec.get("speculative"):
         kwargs["speculative_config"] = spec["speculative"]
+    return kwargs
+
+
+def _engine(spec: dict[str, Any]):
+    from vllm import LLM
+    from vllm.plugins import load_general_plugins
+
+    from .models import write_model
+    from .weights import probe_model, reinit
+
+    load_general_plugins()  # so that attention_config can name TRITON_MLA_SPARSE
+    model_dir = write_model(spec["variant"], spec["model_root"], max_position_embeddings=spec["max_model_len"])
+    kwargs = engine_kwargs(spec, str(model_dir))
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0
@@ -310,26 +321,36 @@ def shadow_errors(mine, theirs, heads: int, rows: slice) -> dict[str, float]:
 
 
 class AttentionShadow:
-    """In an engine of vLLM's FlashMLA V4 layer: after each eager ``forward_mqa`` of the measured generate call, the
-    plugin's ``forward_v4`` recomputes the same call (same q, caches, sink, indexer top-k and metadata) into a
-    NaN-filled buffer; per layer kind (window / C4A / C128A) and phase (decode / prefill) the calls and the worst
-    differences are kept. FlashMLA's layer hands ``forward_mqa`` q padded to 64 heads; the recomputation takes the
-    layer's real heads only, so our kernels run the configuration an engine of ours runs. Decode steps replayed from
-    a CUDA graph call no Python and are not shadowed."""
+    """In an engine of vLLM's FlashMLA V4 (or, with ``v41``, V4.1) layer: after each eager ``forward_mqa`` of the
+    measured generate call, the plugin's ``forward_v4`` (``forward_v41``) recomputes the same call (same q, caches,
+    sink, indexer top-k and metadata) into a NaN-filled buffer; per layer kind (window / C4A / C128A; V4.1: window /
+    C1A / C2A, by compress ratio) and phase (decode / prefill) the calls and the worst differences are kept.
+    FlashMLA's layer hands ``forward_mqa`` q padded to 64 heads; the recomputation takes the layer's real heads only,
+    so our kernels run the configuration an engine of ours runs. Decode steps replayed from a CUDA graph call no
+    Python and are not shadowed."""
 
-    def __init__(self) -> None:
+    def __init__(self, v41: bool = False) -> None:
+        self.v41 = v41
         self.by: dict[str, dict[str, Any]] = {}
         self.errors: list[str] = []
         self.calls = 0
         self.active = False
 
     def install(self) -> None:
+        import importlib
+
         import torch
         from vllm.forward_context import get_forward_context
-        from vllm.models.deepseek_v4.common.ops import compute_global_topk_indices_and_lens
-        from vllm.models.deepseek_v4.nvidia.flashmla import DeepseekV4FlashMLAAttention
 
-        from triton_mla_sparse.integrations.vllm.v4_attention import forward_v4
+        from triton_mla_sparse.integrations.vllm import v4_attention
+
+        model = "deepseek_v41" if self.v41 else "deepseek_v4"  # the same names in both of vLLM's model packages
+        compute_global_topk_indices_and_lens = importlib.import_module(
+            f"vllm.models.{model}.common.ops").compute_global_topk_indices_and_lens
+        DeepseekV4FlashMLAAttention = importlib.import_module(
+            f"vllm.models.{model}.nvidia.flashmla").DeepseekV4FlashMLAAttention
+        forward = v4_attention.forward_v41 if self.v41 else v4_attention.forward_v4
+        window_ratio = 0 if self.v41 else 1  # V4.1's window-only layers have ratio 0, V4's ratio 1
 
         original = DeepseekV4FlashMLAAttention.forward_mqa
         shadow = self
@@ -343,9 +364,9 @@ class AttentionShadow:
                 swa = md[layer.swa_cache_layer.prefix]
                 heads = layer.n_local_heads
                 mine = torch.full((q.shape[0], heads, q.shape[2]), float("nan"), dtype=output.dtype, device=q.device)
-                forward_v4(layer, q[:, :heads], mine, md, compute_global_topk_indices_and_lens)
+                forward(layer, q[:, :heads], mine, md, compute_global_topk_indices_and_lens)
                 nd, npf = swa.num_decode_tokens, swa.num_prefill_tokens
-                kind = "window" if layer.compress_ratio <= 1 else f"c{layer.compress_ratio}a"
+                kind = "window" if layer.compress_ratio <= window_ratio else f"c{layer.compress_ratio}a"
                 for phase, rows in (("decode", slice(0, nd)), ("prefill", slice(nd, nd + npf))):
                     if rows.stop <= rows.start:
                         continue
@@ -437,12 +458,12 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
     from .compare import margin_at
-    from .models import is_v4
+    from .models import is_v41, uses_v4_layer
     from .prompts import prompt_set
 
     counter = shadow = None
-    if spec.get("count_calls"):
-        counter = V4CallCounter() if is_v4(spec["variant"]) else CallCounter()
+    if spec.get("count_calls"):  # V4.1's layer calls run_v4_attention as V4's does
+        counter = V4CallCounter() if uses_v4_layer(spec["variant"]) else CallCounter()
         counter.install()
     if spec.get("shadow_indexer"):
         shadow = IndexerShadow()
@@ -453,7 +474,7 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
         portable.install()
     attention_shadow = None
     if spec.get("shadow_attention"):
-        attention_shadow = AttentionShadow()
+        attention_shadow = AttentionShadow(v41=is_v41(spec["variant"]))
         attention_shadow.install()
     llm, meta = _engine(spec)
     prompts = prompt_set(tuple(spec["prompts"]), seed=spec["prompt_seed"], kind=spec.get("prompt_kind", "random"))

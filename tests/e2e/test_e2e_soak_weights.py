@@ -131,3 +131,22 @@ def test_v4_weights_match_whatever_the_head_padding():
     assert not recompute_v4(torch.nn.Linear(2, 2))
     with pytest.raises(RuntimeError, match="no MLA layer"):
         reinit(torch.nn.Linear(2, 2))
+
+
+def test_v41_weights_found_inside_the_multimodal_wrapper():
+    """vLLM builds DeepSeek-V4.1 as a multimodal wrapper (``language_model.model``): the model's mHC step is found
+    there and runs again, and the sinks are drawn alike whatever the head padding."""
+    from e2e.weights import recompute_v4, reinit
+
+    def wrapped(heads):
+        outer = torch.nn.Module()
+        outer.language_model = _v4(heads)
+        return outer
+
+    a, b = wrapped(3), wrapped(64)
+    ia, ib = reinit(a, seed=5), reinit(b, seed=5)
+    assert ia["v4"] and ia["mla_layers"] == 0 and ia["checksum"] == ib["checksum"]
+    inner = a.language_model.model
+    assert torch.equal(inner.broadcast, inner.hc_attn_scale)
+    assert torch.equal(inner.attn.attn_sink, b.language_model.model.attn.attn_sink[:3])
+    assert recompute_v4(a) and not recompute_v4(torch.nn.Sequential(torch.nn.Linear(2, 2)))

@@ -3,15 +3,19 @@
 import json
 
 import pytest
-from e2e.matrix import OURS, PEERS, base_spec, correctness_specs, serving_specs
+from e2e.matrix import OURS, PEERS, SM8X_ENV, base_spec, correctness_specs, serving_specs
+from e2e.models import VARIANTS, is_v41
 from e2e.results import (correctness_rows, correctness_table, merge, new_document, readme_soak_table, serving_rows,
                          serving_table, summary_table)
-from e2e.schema import OURS_V4, PEER_V4, validate_results, validate_spec
-from e2e.worker import backend_env
+from e2e.schema import OURS_V4, OURS_V41, PEER_V4, PEER_V41, validate_results, validate_spec
+from e2e.worker import backend_env, engine_kwargs
+
+V41 = tuple(v for v in VARIANTS if is_v41(v))
+BEFORE_V41 = tuple(v for v in VARIANTS if not is_v41(v))  # the variants of the matrix before V4.1 joined
 
 
 def test_matrix_covers_the_issue():
-    specs, pairs = correctness_specs("/m")
+    specs, pairs = correctness_specs("/m", variants=BEFORE_V41)
     names = {s["name"] for s in specs}
     assert len(names) == len(specs)
     for p in pairs:
@@ -62,6 +66,57 @@ def test_matrix_covers_the_issue():
         assert o["mode"] == q["mode"] == p["mode"] and bool(o.get("shadow_portable")) == (p["mode"] == "eager")
 
 
+def test_matrix_adds_v41_runs_and_pairs():
+    """V4.1 variants add per mode vLLM's V4.1 FlashMLA layer (shadowed), our V4.1 layer and ours with everything SM
+    8.x runs forced (eager: each portable call shadowed), compared ours vs the peer and SM 8.x vs ours, plus the
+    eager-vs-graphs yardsticks; the runs and pairs of the other variants stay as they were."""
+    specs, pairs = correctness_specs("/m")
+    before_specs, before_pairs = correctness_specs("/m", variants=BEFORE_V41)
+    assert [s for s in specs if not is_v41(s["variant"])] == before_specs
+    assert [p for p in pairs if not is_v41(p["variant"])] == before_pairs
+    by_name = {s["name"]: s for s in specs}
+    v41_specs = {s["name"] for s in specs if is_v41(s["variant"])}
+    assert v41_specs == {f"{v}-{m}-fp8_ds_mla-{who}" for v in V41 for m in ("eager", "graphs")
+                         for who in ("peer", "ours", "ours-sm8x")}
+    v41_pairs = [p for p in pairs if is_v41(p["variant"])]
+    assert sorted((p["variant"], p["kind"], p["mode"], p["indexer"]) for p in v41_pairs) == sorted(
+        [(v, k, m, ix) for v in V41 for m in ("eager", "graphs")
+         for k, ix in (("vs_peer", "vllm"), ("sm8x_vs_native", "ours"))]
+        + [(v, f"{who}_eager_vs_graphs", "eager~graphs", "vllm") for v in V41 for who in ("peer", "ours")])
+    for p in v41_pairs:
+        o, q = by_name[p["ours"]], by_name[p["peer"]]
+        assert o["kv_cache_dtype"] == q["kv_cache_dtype"] == p["kv_cache_dtype"] == "fp8_ds_mla"
+        same = ("variant", "prompts", "max_tokens", "weights_seed", "max_model_len", "max_num_batched_tokens",
+                "capture_sizes")
+        assert all(o[k] == q[k] for k in same) and o["prompts"] == [17, 300, 2500, 5000, 16000]
+        if p["kind"] == "vs_peer":
+            assert (o["backend"], q["backend"]) == (OURS_V41, PEER_V41) and o["env"] == q["env"] == {}
+            assert q.get("shadow_attention") and o.get("count_calls") and not o.get("shadow_attention")
+            assert backend_env(o) == {"TRITON_MLA_SPARSE_DSV4": "triton"}
+            assert backend_env(q) == {"TRITON_MLA_SPARSE_DSV4": "off"}
+        elif p["kind"] == "sm8x_vs_native":
+            assert o["backend"] == q["backend"] == OURS_V41 and o["env"] == SM8X_ENV and q["env"] == {}
+            assert o["mode"] == q["mode"] == p["mode"] and o.get("count_calls")
+            assert bool(o.get("shadow_portable")) == (p["mode"] == "eager")
+
+
+def test_engine_kwargs_per_family():
+    """What each engine asks vLLM for: V4 and V4.1 layers pick their page sizes, ours on them is chosen by the switch
+    (no backend named), V4.1's multimodal architecture runs its language model only."""
+    def kwargs(variant, backend, kv="fp8_ds_mla", mode="graphs"):
+        spec = base_spec("x", variant=variant, backend=backend, kv=kv, mode=mode, model_root="/m")
+        return engine_kwargs(spec, "/m/x")
+
+    v3 = kwargs("glm5-h8", OURS, kv="bfloat16", mode="eager")
+    assert v3["block_size"] == 64 and v3["attention_config"] == {"backend": OURS} and v3["enforce_eager"]
+    assert "language_model_only" not in v3 and "cudagraph_capture_sizes" not in v3
+    for variant, ours, peer in (("dsv4-h8", OURS_V4, PEER_V4), ("dsv41-h8", OURS_V41, PEER_V41)):
+        o, q = kwargs(variant, ours), kwargs(variant, peer)
+        assert "block_size" not in o and "attention_config" not in o and q["attention_config"] == {"backend": peer}
+        assert o.get("language_model_only") == q.get("language_model_only") == (True if is_v41(variant) else None)
+        assert o["cudagraph_capture_sizes"] == [1, 2, 4, 8, 16, 32] and o["kv_cache_dtype"] == "fp8_ds_mla"
+
+
 def test_serving_specs():
     specs = serving_specs("/m")
     assert {(s["variant"], s["backend"]) for s in specs} == {
@@ -70,6 +125,9 @@ def test_serving_specs():
     v4 = serving_specs("/m", variants=("dsv4-h8", "dsv4-h64"))
     assert {(s["variant"], s["backend"], s["kv_cache_dtype"]) for s in v4} == {
         (v, b, "fp8_ds_mla") for v in ("dsv4-h8", "dsv4-h64") for b in (OURS_V4, PEER_V4)}
+    v41 = serving_specs("/m", variants=V41)
+    assert {(s["variant"], s["backend"], s["kv_cache_dtype"]) for s in v41} == {
+        (v, b, "fp8_ds_mla") for v in V41 for b in (OURS_V41, PEER_V41)}
 
 
 def test_v4_variants_take_v4_backends_only():
@@ -77,6 +135,19 @@ def test_v4_variants_take_v4_backends_only():
     for variant, backend, kv, msg in (("dsv4-h8", OURS, "fp8_ds_mla", "cannot run"),
                                       ("glm5-h8", PEER_V4, "fp8_ds_mla", "cannot run"),
                                       ("dsv4-h64", PEER_V4, "bfloat16", "fp8_ds_mla")):
+        with pytest.raises(ValueError, match=msg):
+            base_spec("x", variant=variant, backend=backend, kv=kv, mode="eager", model_root="/m")
+
+
+def test_v41_variants_take_v41_backends_only():
+    for backend in (OURS_V41, PEER_V41):
+        base_spec("x", variant="dsv41-h8", backend=backend, kv="fp8_ds_mla", mode="graphs", model_root="/m")
+    for variant, backend, kv, msg in (("dsv41-h8", OURS_V4, "fp8_ds_mla", "cannot run"),
+                                      ("dsv41-h8", PEER_V4, "fp8_ds_mla", "cannot run"),
+                                      ("dsv41-h64", OURS, "fp8_ds_mla", "cannot run"),
+                                      ("dsv4-h8", OURS_V41, "fp8_ds_mla", "cannot run"),
+                                      ("glm5-h8", PEER_V41, "fp8_ds_mla", "cannot run"),
+                                      ("dsv41-h8", PEER_V41, "bfloat16", "fp8_ds_mla")):
         with pytest.raises(ValueError, match=msg):
             base_spec("x", variant=variant, backend=backend, kv=kv, mode="eager", model_root="/m")
 
@@ -261,6 +332,35 @@ def test_v4_pairs_count_only_with_the_expected_layers_and_a_clean_shadow():
     assert correctness_rows([pair], good)[0]["ok"]
     row = correctness_rows([pair], {**good, "o": {**bad["layers"], "prompts": prompts}})[0]
     assert not row["ok"] and "attention layers" in row["errors"]["checks"]
+
+
+def test_v41_checks_expect_v41_layers_and_its_portable_component():
+    """A V4.1 pair counts with V4.1's layer classes; with the portable components forced it expects V4.1's one
+    (the indexer q: the routes installed, the prenorm hook need not be) and, shadowed, that one compared."""
+    from e2e.results import v4_checks
+
+    def run(backend, layer, **extra):
+        spec = base_spec("r", variant="dsv41-h8", backend=backend, kv="fp8_ds_mla", mode="eager", model_root="/m",
+                         **({"count_calls": True} if backend == OURS_V41 else {}))
+        return {"ok": True, "spec": spec, "layers": {layer: 5}, "calls": {"calls": 4}, **extra}
+
+    assert v4_checks(run(OURS_V41, "DeepseekV41TritonMLAAttention")) == []
+    assert v4_checks(run(PEER_V41, "DeepseekV4FlashMLAAttention")) == []
+    assert v4_checks(run(OURS_V41, "DeepseekV4FlashMLAAttention")), "the routing did not take"
+    assert v4_checks(run(OURS_V41, "DeepseekV41TritonMLAAttention", calls={"calls": 0}))
+    counts = {"prenorm_calls": 0, "prenorm_captured": 0, "compress_calls": 0, "compress_captured": 0,
+              "indexer_q_calls": 3, "indexer_q_captured": 0, "installed": False, "cutedsl_routes": True}
+    forced = run(OURS_V41, "DeepseekV41TritonMLAAttention", portable=counts, indexers={"triton": 3, "vllm": 0},
+                 soft_fp8={"installed": True, "mode": "always"})
+    forced["spec"] = {**forced["spec"], "env": dict(SM8X_ENV), "shadow_portable": True}
+    forced["portable"] = {**counts, "shadow": {"indexer_q_values": {"calls": 3}}, "shadow_errors": [],
+                          "shadow_error_count": 0}
+    assert v4_checks(forced) == []
+    assert v4_checks({**forced, "portable": {**forced["portable"], "indexer_q_calls": 0}})
+    assert v4_checks({**forced, "portable": {**forced["portable"], "cutedsl_routes": False}})
+    assert v4_checks({**forced, "portable": {**forced["portable"], "shadow": {}}}) == \
+        ["the portable shadow compared no indexer_q_values call"]
+    assert v4_checks({**forced, "indexers": {"triton": 2, "vllm": 1}}), "our indexer forced but vLLM's ran"
 
 
 def test_shadow_errors_measure_the_real_heads_and_rows():
