@@ -230,6 +230,18 @@ def test_the_v41_layer_class(cuda_platform_module):
     assert cls is VA.triton_attention_cls_v41() and cls is not VA.triton_attention_cls()
     assert issubclass(cls, DeepseekV4Attention) and cls.use_fp8_ds_mla_layout
     assert cls.get_padded_num_q_heads(8) == 8 and cls.get_padded_num_q_heads(64) == 64  # no padding
+    from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
+
+    from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
+
+    assert issubclass(cls.backend_cls, fi.DeepseekV4FlashInferMLASparseBackend)  # V4.1's builders and layout
     assert cls.backend_cls.get_name() == "FLASHINFER_MLA_SPARSE_DSV41"
-    assert cls.backend_cls.__module__ == "vllm.models.deepseek_v41.nvidia.flashinfer_sparse"  # V4.1's builders
+    assert cls.backend_cls.get_builder_cls() is fi.DeepseekV4FlashInferMLASparseBackend.get_builder_cls()
     assert not getattr(cls, "__abstractmethods__", None)
+    # the pages V4.1's indexer cache takes on each GPU (64 tokens on SM 9.0: packed 128-token blocks cannot be split
+    # for it), not FlashInfer's kernel's 128
+    for capability, pages in (((8, 0), [128]), ((8, 6), [128]), ((9, 0), [64]), ((12, 0), [128])):
+        with _cuda_platform_for(cuda_platform_module, *capability, True):
+            assert cls.backend_cls.get_supported_kernel_block_sizes() == pages, capability
+            assert DeepseekV41IndexerBackend.get_supported_kernel_block_sizes() == pages, capability

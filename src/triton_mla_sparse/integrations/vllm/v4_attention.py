@@ -178,7 +178,8 @@ def triton_attention_cls_v41() -> type:
     :func:`run_v4_attention` are V4's; the layer differs in its metadata (:func:`forward_v41`), its o_proj
     (``dsv41_o_proj``: off SM 10.x ``deep_gemm_fp8_o_proj``, with an e4m3 ``wo_a`` — 128 x 128 blocks or MXFP8 —
     dequantized to bf16 after loading where DeepGEMM's einsum cannot run, as in V4's layer) and its backend classes
-    (V4.1's FlashInfer ones, whose builders know its compress ratios 0 / 1 / 2). Prefill context parallelism and
+    (V4.1's FlashInfer ones, whose builders know its compress ratios 0 / 1 / 2, with the base backend's kernel
+    block sizes). Prefill context parallelism and
     any record but V4's (SM 10.x's MXFP8 one, ``nvfp4_ds_mla``) are refused at construction."""
     from vllm.forward_context import get_forward_context
     from vllm.models.deepseek_v4.nvidia.ops.o_proj import compute_fp8_einsum_recipe
@@ -186,13 +187,21 @@ def triton_attention_cls_v41() -> type:
     from vllm.models.deepseek_v41.common.ops import compute_global_topk_indices_and_lens
     from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
     from vllm.models.deepseek_v41.nvidia.ops.o_proj import dsv41_o_proj
+    from vllm.models.deepseek_v41.sparse_mla import DeepseekV4SparseMLABackend
 
     from .v4_portable import route_wo_a
+
+    class DeepseekV41TritonMLABackend(fi.DeepseekV4FlashInferMLASparseBackend):
+        """FlashInfer's V4.1 backend (the generic metadata builder, the cache layout) with the kernel block sizes of
+        V4.1's base backend: FlashInfer's kernel needs 128-token pages, ours read any, and on SM 9.0 V4.1's indexer
+        cache takes 64-token pages, which vLLM cannot cut out of packed 128-token blocks."""
+
+        get_supported_kernel_block_sizes = staticmethod(DeepseekV4SparseMLABackend.get_supported_kernel_block_sizes)
 
     class DeepseekV41TritonMLAAttention(DeepseekV4Attention):
         """DeepSeek-V4.1 sparse MLA attention on triton-mla-sparse's kernels (no head padding)."""
 
-        backend_cls = fi.DeepseekV4FlashInferMLASparseBackend
+        backend_cls = DeepseekV41TritonMLABackend
         swa_backend_cls = fi.DeepseekSparseSWAFlashInferBackend
         use_fp8_ds_mla_layout = True
 
