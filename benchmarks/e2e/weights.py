@@ -31,6 +31,8 @@ def rule(name: str, param: torch.Tensor) -> str:
     """What :func:`reinit` does with a parameter: ``normal``, ``ones`` (norm gains), ``zeros`` (biases), ``hash``
     (a hash-MoE token-to-expert table), ``sink`` (a per-head attention sink) or ``keep``."""
     leaf = name.rsplit(".", 1)[-1]
+    if param.device.type == "meta":  # never materialised (V4.1's vision tower under language_model_only): unused
+        return "keep"
     if leaf == "tid2eid":
         return "hash"
     if leaf == "attn_sink":

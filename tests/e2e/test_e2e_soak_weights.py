@@ -65,6 +65,7 @@ def test_rules():
     assert rule("layers.0.self_attn.W_UK_T", p2) == "keep" and rule("attn._k_scale", p1) == "keep"
     assert rule("model.layers.0.self_attn.q_b_proj.weight", p2) == "normal"
     assert rule("x.norm_weights", torch.zeros(3, dtype=torch.int32)) == "keep"
+    assert rule("vision.proj.weight", torch.zeros(3, 3, device="meta")) == "keep"  # never materialised
     assert param_seed(0, "a") != param_seed(0, "b") and param_seed(1, "a") != param_seed(0, "a")
 
 
