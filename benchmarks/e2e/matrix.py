@@ -110,7 +110,7 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
             specs.append(base_spec(f"{tag}-peer", variant=variant, backend=PEER_V41, kv="fp8_ds_mla", mode=mode,
                                    model_root=model_root, shadow_attention=True))
             specs.append(base_spec(f"{tag}-ours", variant=variant, backend=OURS_V41, kv="fp8_ds_mla", mode=mode,
-                                   model_root=model_root, count_calls=True))
+                                   model_root=model_root, count_calls=True, shadow_indexer=mode == "eager"))
             # our indexer (with V4.1's candidate blocks), the software casts and the indexer-q route, as on SM 8.x
             specs.append(base_spec(f"{tag}-ours-sm8x", variant=variant, backend=OURS_V41, kv="fp8_ds_mla",
                                    mode=mode, model_root=model_root, count_calls=True,

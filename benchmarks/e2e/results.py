@@ -29,7 +29,8 @@ def v4_checks(run: dict[str, Any]) -> list[str]:
     class; ours: calls through our layer (and, with our indexer forced, every indexer ours; with the software casts
     forced, their router installed; with the portable components forced, those of :data:`PORTABLE` run by the
     portable code — V4: the mHC prenorm, the compressor and the indexer q; V4.1: the indexer q — and with
-    ``shadow_portable`` each of them compared with vLLM's kernel without error); FlashMLA's with the attention
+    ``shadow_portable`` each of them compared with vLLM's kernel without error; with ``shadow_indexer`` our indexer
+    op recomputing vLLM's steps without error, on V4.1 candidate blocks included); FlashMLA's with the attention
     shadow: shadowed calls, no error, no non-finite."""
     spec = run.get("spec", {})
     backend = spec.get("backend")
@@ -72,6 +73,13 @@ def v4_checks(run: dict[str, Any]) -> list[str]:
             problems.append(f"the attention shadow failed {sh['error_count']} times: {sh.get('errors')}")
         if any(e.get("nonfinite") for e in (sh.get("by") or {}).values()):
             problems.append("the attention shadow saw non-finite outputs of ours")
+    if spec.get("shadow_indexer"):  # V4.1: our indexer op recomputed vLLM's steps, candidate blocks included
+        sh = run.get("indexer_shadow") or {}
+        if not sh.get("rows") or sh.get("error_count", 1):
+            problems.append(f"the indexer shadow compared {sh.get('rows')} rows with {sh.get('error_count')} "
+                            f"errors: {sh.get('errors')}")
+        if v41 and not (sh.get("candidates") or {}).get("rows"):
+            problems.append("the indexer shadow compared no candidate-block row")
     return problems
 
 

@@ -453,6 +453,84 @@ class IndexerShadow:
         return {**head, **set_agreement([a for a, _ in self.rows], [b for _, b in self.rows])}
 
 
+class IndexerOpShadow(IndexerShadow):
+    """For DeepSeek-V4.1 (its indexers call the op, ``SparseAttnIndexer.forward_cuda``): after vLLM's own
+    (DeepGEMM) step, the plugin's op (``_sparse_attn_indexer_op``) computes the same step into copies of the top-k
+    buffer and of the candidate-block buffer — a candidate source writes its own candidates, a later index source
+    reads the ones vLLM published — and both the top-k sets and the published candidate-block sets are compared per
+    row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.candidate_rows: list[tuple[list[int], list[int]]] = []
+
+    def install(self) -> None:
+        import torch
+        from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+        from vllm.utils.torch_utils import _encode_layer_name
+
+        from triton_mla_sparse.integrations.vllm.indexer import _sparse_attn_indexer_op as ours
+
+        original = SparseAttnIndexer.forward_cuda
+        shadow = self
+
+        def wrapped(op, hidden_states, q_quant, k, weights):
+            result = original(op, hidden_states, q_quant, k, weights)
+            if torch.cuda.is_current_stream_capturing() or len(shadow.rows) >= shadow.max_rows:
+                return result
+            from vllm.forward_context import get_forward_context
+
+            if not isinstance(get_forward_context().attn_metadata, dict) or isinstance(q_quant, tuple):
+                return result
+            n = hidden_states.shape[0]
+            theirs = op.topk_indices_buffer[:n].clone()
+            mine_buf = op.topk_indices_buffer.clone()
+            cand = op.candidate_blocks
+            mine_cand = None if cand is None else cand.clone()
+            if cand is not None and op.candidate_write:
+                mine_cand[:n] = -1
+            try:
+                ours(hidden_states, _encode_layer_name(op.k_cache.prefix), op.k_cache.kv_cache, q_quant, None, k,
+                     weights, op.quant_block_size, op.scale_fmt, op.topk_tokens, op.head_dim, op.max_model_len,
+                     op.max_total_seq_len, mine_buf, True, op.use_pcp, op.pcp_shard_decode_requests,
+                     _encode_layer_name(op.dense_mha_metadata_layer_name), op.use_fp4_cache, op.dcp_rank,
+                     op.dcp_world_size, op._parallel_config.cp_kv_cache_interleave_size, False,
+                     candidate_blocks=mine_cand, candidate_block_size=op.candidate_block_size,
+                     candidate_write=op.candidate_write, topk_backend=op.topk_backend,
+                     compress_ratio=op.compress_ratio)
+            except Exception as e:  # recorded: the shadow must never stop the engine it watches
+                shadow.errors.append(f"{type(e).__name__}: {e}"[:300])
+                return result
+            mine = mine_buf[:n]
+            topk = int(op.topk_tokens)
+            full = ((theirs >= 0).sum(dim=1) >= topk).nonzero().flatten()  # rows where the top-k selects
+            if full.numel() > shadow.rows_per_step:
+                full = full[torch.linspace(0, full.numel() - 1, shadow.rows_per_step).long().to(full.device)]
+            for r in full.tolist()[: shadow.max_rows - len(shadow.rows)]:
+                shadow.rows.append((theirs[r].tolist(), mine[r].tolist()))
+            if cand is not None and op.candidate_write:
+                picked = (cand[:n] >= 0).any(dim=1).nonzero().flatten()
+                if picked.numel() > shadow.rows_per_step:
+                    picked = picked[torch.linspace(0, picked.numel() - 1, shadow.rows_per_step).long()
+                                    .to(picked.device)]
+                for r in picked.tolist()[: shadow.max_rows - len(shadow.candidate_rows)]:
+                    shadow.candidate_rows.append((cand[r].tolist(), mine_cand[r].tolist()))
+            shadow.steps += 1
+            return result
+
+        SparseAttnIndexer.forward_cuda = wrapped
+
+    def summary(self) -> dict[str, Any]:
+        from .compare import set_agreement
+
+        out = super().summary()
+        if self.candidate_rows:
+            out["candidates"] = set_agreement([a for a, _ in self.candidate_rows], [b for _, b in self.candidate_rows])
+        else:
+            out["candidates"] = {"rows": 0}
+        return out
+
+
 def generate(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -465,8 +543,8 @@ def generate(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("count_calls"):  # V4.1's layer calls run_v4_attention as V4's does
         counter = V4CallCounter() if uses_v4_layer(spec["variant"]) else CallCounter()
         counter.install()
-    if spec.get("shadow_indexer"):
-        shadow = IndexerShadow()
+    if spec.get("shadow_indexer"):  # V4.1's indexers call the op; V3.2 / GLM-5 call vLLM's function
+        shadow = IndexerOpShadow() if is_v41(spec["variant"]) else IndexerShadow()
         shadow.install()
     portable = None
     if spec.get("env", {}).get("TRITON_MLA_SPARSE_DSV4_PORTABLE"):

@@ -92,6 +92,7 @@ def test_matrix_adds_v41_runs_and_pairs():
         if p["kind"] == "vs_peer":
             assert (o["backend"], q["backend"]) == (OURS_V41, PEER_V41) and o["env"] == q["env"] == {}
             assert q.get("shadow_attention") and o.get("count_calls") and not o.get("shadow_attention")
+            assert bool(o.get("shadow_indexer")) == (p["mode"] == "eager")  # vLLM's indexer active: ours shadows it
             assert backend_env(o) == {"TRITON_MLA_SPARSE_DSV4": "triton"}
             assert backend_env(q) == {"TRITON_MLA_SPARSE_DSV4": "off"}
         elif p["kind"] == "sm8x_vs_native":
@@ -361,6 +362,14 @@ def test_v41_checks_expect_v41_layers_and_its_portable_component():
     assert v4_checks({**forced, "portable": {**forced["portable"], "shadow": {}}}) == \
         ["the portable shadow compared no indexer_q_values call"]
     assert v4_checks({**forced, "indexers": {"triton": 2, "vllm": 1}}), "our indexer forced but vLLM's ran"
+    shadowed = run(OURS_V41, "DeepseekV41TritonMLAAttention")
+    shadowed["spec"] = {**shadowed["spec"], "shadow_indexer": True}
+    good = {"steps": 9, "rows": 40, "error_count": 0, "errors": [], "candidates": {"rows": 12}}
+    assert v4_checks({**shadowed, "indexer_shadow": good}) == []
+    assert v4_checks(shadowed), "no indexer shadow recorded"
+    assert v4_checks({**shadowed, "indexer_shadow": {**good, "error_count": 2}})
+    assert v4_checks({**shadowed, "indexer_shadow": {**good, "candidates": {"rows": 0}}}) == \
+        ["the indexer shadow compared no candidate-block row"]
 
 
 def test_shadow_errors_measure_the_real_heads_and_rows():
