@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.cmd in ("merge", "tables"):
         from .results import (correctness_table, merge, new_document, readme_correctness_table, readme_serving_table,
-                              readme_soak_table, readme_v4_serving_table, readme_v4_table, serving_table,
-                              summary_table)
+                              readme_soak_table, readme_v41_table, readme_v4_serving_table, readme_v4_table,
+                              serving_table, summary_table)
 
         if a.cmd == "merge":
             first = json.loads(a.sections[0].read_text())
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             print(readme_serving_table(doc), "\n")
             print(readme_soak_table(doc), "\n")
             print(readme_v4_table(doc), "\n")
+            print(readme_v41_table(doc), "\n")
             print(readme_v4_serving_table(doc), "\n")
             print(summary_table(doc), "\n")
             print(correctness_table(doc), "\n")

@@ -293,10 +293,10 @@ _V4_LABEL = {"dsv4-h8": "DSV4 h8", "dsv4-h64": "DSV4 h64"}
 _SHADOW_KINDS = ("window", "c4a", "c128a")
 
 
-def _shadow_cell(r: dict[str, Any] | None, phase: str) -> str:
-    """The attention shadow's worst relative error per layer kind (window / C4A / C128A) for ``phase``."""
+def _shadow_cell(r: dict[str, Any] | None, phase: str, kinds: tuple[str, ...] = _SHADOW_KINDS) -> str:
+    """The attention shadow's worst relative error per layer kind (V4: window / C4A / C128A) for ``phase``."""
     by = ((r or {}).get("peer_attention_shadow") or {}).get("by") or {}
-    cells = [by.get(f"{k}-{phase}") for k in _SHADOW_KINDS]
+    cells = [by.get(f"{k}-{phase}") for k in kinds]
     if not all(cells):
         return "—"
     return " / ".join(f"{c['max_rel']:.1e}" for c in cells) + f" ({sum(c['calls'] for c in cells)} calls)"
@@ -329,6 +329,44 @@ def readme_v4_table(doc: dict[str, Any]) -> str:
                          f"{_cell(_pair(doc, 'ours_eager_vs_graphs', v, 'fp8_ds_mla'))} | "
                          + (f"{_shadow_cell(r, 'prefill')} | {_shadow_cell(r, 'decode')} |" if mode == "eager"
                             else "| |"))
+    return "\n".join(lines)
+
+
+_V41_LABEL = {"dsv41-h8": "DSV4.1 h8", "dsv41-h64": "DSV4.1 h64"}
+_V41_SHADOW_KINDS = ("window", "c2a", "c1a")  # V4.1's window-only, ratio-2 and ratio-1 layers
+
+
+def _indexer_shadow_cell(r: dict[str, Any] | None) -> str:
+    """Our indexer op against vLLM's steps: identical top-k rows and candidate rows, of those compared."""
+    sh = (r or {}).get("indexer_shadow") or {}
+    if not sh.get("rows"):
+        return "—"
+    cand = sh.get("candidates") or {}
+    return (f"{sh['rows_identical']:.0%} of {sh['rows']:,} / {cand.get('rows_identical', 0):.0%} of "
+            f"{cand.get('rows', 0):,}")
+
+
+def readme_v41_table(doc: dict[str, Any]) -> str:
+    """The README's DeepSeek-V4.1 table: ours against vLLM's FlashMLA V4.1 layer and ours with everything SM 8.x runs
+    against ours, per model and mode (agreement cells as in :func:`readme_correctness_table`), the eager-vs-graphs
+    yardsticks and, for the eager engines, the attention shadow per layer kind (window / ratio 2 / ratio 1) and the
+    indexer-op shadow (identical top-k rows / identical candidate-block rows, of those compared)."""
+    lines = ["| model | mode | ours vs FLASHMLA_SPARSE_DSV41 | ours, SM 8.x path vs native | it, eager vs graphs | "
+             "ours, eager vs graphs | shadow (eager), prefill: window / C2 / C1 | shadow (eager), decode | "
+             "indexer shadow (eager): top-k / candidates |", "|---|---|---|---|---|---|---|---|---|"]
+    for v in _V41_LABEL:
+        for mode in ("eager", "graphs"):
+            r = _pair(doc, "vs_peer", v, "fp8_ds_mla", mode, "vllm")
+            if r is None:
+                continue
+            eager = mode == "eager"
+            lines.append(f"| {_V41_LABEL[v]} | {mode} | {_cell(r)} | "
+                         f"{_cell(_pair(doc, 'sm8x_vs_native', v, 'fp8_ds_mla', mode))} | "
+                         + (f"{_cell(_pair(doc, 'peer_eager_vs_graphs', v, 'fp8_ds_mla'))} | "
+                            f"{_cell(_pair(doc, 'ours_eager_vs_graphs', v, 'fp8_ds_mla'))} | "
+                            f"{_shadow_cell(r, 'prefill', _V41_SHADOW_KINDS)} | "
+                            f"{_shadow_cell(r, 'decode', _V41_SHADOW_KINDS)} | {_indexer_shadow_cell(r)} |"
+                            if eager else "| | | | |"))
     return "\n".join(lines)
 
 

@@ -31,8 +31,6 @@ def rule(name: str, param: torch.Tensor) -> str:
     """What :func:`reinit` does with a parameter: ``normal``, ``ones`` (norm gains), ``zeros`` (biases), ``hash``
     (a hash-MoE token-to-expert table), ``sink`` (a per-head attention sink) or ``keep``."""
     leaf = name.rsplit(".", 1)[-1]
-    if param.device.type == "meta":  # never materialised (V4.1's vision tower under language_model_only): unused
-        return "keep"
     if leaf == "tid2eid":
         return "hash"
     if leaf == "attn_sink":
@@ -60,7 +58,8 @@ def reinit_parameters(model: torch.nn.Module, *, seed: int = 0, std: float = 0.0
     checksum = 0.0
     params = dict(model.named_parameters())
     for name, p in sorted(params.items(), key=lambda kv: kv[0]):
-        what = rule(name, p)
+        # never materialised (V4.1's vision tower under language_model_only): unused, and nothing to draw into
+        what = "keep" if p.device.type == "meta" else rule(name, p)
         counts[what] += 1
         if what == "keep":
             continue

@@ -485,6 +485,7 @@ class IndexerOpShadow(IndexerShadow):
             n = hidden_states.shape[0]
             theirs = op.topk_indices_buffer[:n].clone()
             mine_buf = op.topk_indices_buffer.clone()
+            mine_buf[:n] = -1  # whatever ours leaves untouched then differs from vLLM's rows
             cand = op.candidate_blocks
             mine_cand = None if cand is None else cand.clone()
             if cand is not None and op.candidate_write:

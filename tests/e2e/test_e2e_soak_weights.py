@@ -65,8 +65,17 @@ def test_rules():
     assert rule("layers.0.self_attn.W_UK_T", p2) == "keep" and rule("attn._k_scale", p1) == "keep"
     assert rule("model.layers.0.self_attn.q_b_proj.weight", p2) == "normal"
     assert rule("x.norm_weights", torch.zeros(3, dtype=torch.int32)) == "keep"
-    assert rule("vision.proj.weight", torch.zeros(3, 3, device="meta")) == "keep"  # never materialised
     assert param_seed(0, "a") != param_seed(0, "b") and param_seed(1, "a") != param_seed(0, "a")
+
+
+def test_reinit_leaves_meta_parameters_alone():
+    """Parameters vLLM never materialised (V4.1's vision tower under ``language_model_only``) are kept, not drawn."""
+    m = torch.nn.Module()
+    m.proj = torch.nn.Linear(4, 4)
+    m.vision = torch.nn.Linear(4, 4, device="meta")
+    info = reinit_parameters(m, seed=1)
+    assert info["counts"]["keep"] == 2 and info["counts"]["normal"] == 1 and info["counts"]["zeros"] == 1
+    assert m.vision.weight.device.type == "meta"
 
 
 def test_reinit_is_seeded_in_place_and_recomputes_mla():

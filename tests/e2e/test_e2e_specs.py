@@ -246,27 +246,32 @@ def test_readme_tables_are_the_committed_results():
 
     from e2e.results import readme_correctness_table, readme_serving_table, readme_soak_table
 
-    from e2e.results import readme_v4_serving_table, readme_v4_table
+    from e2e.models import is_v4, is_v41
+    from e2e.results import readme_v41_table, readme_v4_serving_table, readme_v4_table
 
     root = Path(__file__).resolve().parents[2]
     docs = [(path, json.loads(path.read_text())) for path in sorted((root / "benchmarks" / "results").glob("e2e-*.json"))]
     readme = (root / "README.md").read_text()
-    def newest(section: str, v4: bool) -> dict:
-        """The newest file whose ``section`` has rows of V4 (or of the other models), its name in the README."""
-        path, doc = [(p, d) for p, d in docs
-                     if any(r["variant"].startswith("dsv4") == v4 for r in d.get(section, []))][-1]
+    def family(variant: str) -> str:
+        return "v4" if is_v4(variant) else "v41" if is_v41(variant) else "v3"
+
+    def newest(section: str, want: str) -> dict:
+        """The newest file whose ``section`` has rows of ``want`` (v3: V3.2 / GLM-5, v4, v41), named in the README."""
+        path, doc = [(p, d) for p, d in docs if any(family(r["variant"]) == want for r in d.get(section, []))][-1]
         assert path.name in readme, path.name
         return doc
 
-    # the V3.2 / GLM-5 tables from the newest file with those models, the V4 tables from the newest with V4
-    doc = newest("correctness", False)
+    # the V3.2 / GLM-5 tables from the newest file with those models, the V4 / V4.1 tables from the newest with them
+    doc = newest("correctness", "v3")
     assert readme_correctness_table(doc) in readme
     assert readme_serving_table(doc) in readme
     assert readme_soak_table(doc) in readme
-    table = readme_v4_table(newest("correctness", True))
+    table = readme_v4_table(newest("correctness", "v4"))
     assert table in readme and "DSV4 h64 | graphs" in table
-    table = readme_v4_serving_table(newest("serving", True))
+    table = readme_v4_serving_table(newest("serving", "v4"))
     assert table in readme and "DSV4 h64 | FLASHMLA_SPARSE_DSV4" in table
+    table = readme_v41_table(newest("correctness", "v41"))
+    assert table in readme and "DSV4.1 h64 | graphs" in table and "100% of" in table
 
 
 def _v4_run(backend, **extra):

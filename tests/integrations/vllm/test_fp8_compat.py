@@ -258,8 +258,8 @@ def _v4_kernel(module: str, path: str):
 
 # DeepSeek-V4.1 (vllm.models.deepseek_v41) off SM 10.x writes V4's 584-byte fp8_ds_mla record (448 e4m3 + 64 bf16,
 # then 8 UE8M0 scale bytes) in pages padded to a multiple of 576 bytes; the sliding-window cache holds 32 tokens a
-# block, the compressed and indexer caches 128 / compress_ratio (V4.1's FlashInfer sparse backends use kernel block
-# 128; V4.1 compresses by 1 or 2). The indexer K cache is 128 e4m3 + one fp32 scale (132 bytes) a token. The MXFP8
+# block, the compressed and indexer caches 128 / compress_ratio off SM 9.0 (64-token kernel blocks on SM 9.0; V4.1
+# compresses by 1 or 2). The indexer K cache is 128 e4m3 + one fp32 scale (132 bytes) a token. The MXFP8
 # (528-byte) and NVFP4 (288-byte) records are SM 10.x's; their kernels are compile-tested too.
 V41 = "vllm.models.deepseek_v41."
 V41_BLOCK = 128

@@ -719,3 +719,49 @@ def test_v41_candidate_source_and_consumer(vi, vc, monkeypatch):
     for t in range(T):
         unmasked |= {int(p) for p in got2[t] if p >= 0 and not kept[t, int(p)]}
     assert not unmasked
+
+
+def test_v41_candidate_decode_width_is_the_models(vi, vc, monkeypatch):
+    """With candidate blocks the eager decode logits are as wide as vLLM's (the op's max_model_len, at most the
+    block table's capacity), not the batch's longest context: a consumer clamps candidates past the width as vLLM
+    does."""
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    widths = []
+    real = vi.indexer_logits
+
+    def spy(*args, **kwargs):
+        widths.append(args[6])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vi, "indexer_logits", spy)
+    spec = v4_indexer_spec(C2, v41=True)
+    batch = make_batch([1, 1], [300, 40], seed=3, gap_bytes=spec.page_size_bytes - BLOCK * 132, compress_ratio=C2)
+    md = build_metadata(vc, monkeypatch, batch["query_lens"], batch["seq_lens"], batch["block_table"],
+                        compress_ratio=C2, v41=True)
+    buffer = torch.full((64, CAND_K), 777, dtype=torch.int32)
+    for max_model_len, want in ((4096, 4 * BLOCK), (400, 400 // C2)):
+        op = make_op(compress_ratio=C2, max_model_len=max_model_len // C2, candidate_blocks=buffer,
+                     candidate_block_size=CAND_BS, candidate_write=True)
+        assert_topk_sets(run_op(op, md, batch, vc)[:2],
+                         reference.indexer_logits(batch["q"], batch["weights"], batch["dense"], batch["block_table"],
+                                                  batch["req"], batch["kpos"], 150, compute_dtype=torch.float64),
+                         batch["kpos"], TOPK, "source top-k")
+        assert widths[-1] == want
+
+
+def test_v41_short_candidates_are_logged(vi, vc, monkeypatch, plugin_log):
+    """A consumer whose candidate blocks may cover fewer positions than its top-k is logged once (vLLM's top-k
+    then adds masked positions, ours does not)."""
+    import logging
+
+    monkeypatch.setenv("TRITON_MLA_SPARSE_INDEXER", "always")
+    monkeypatch.setattr(vi, "_logged", set())
+    make_op(compress_ratio=C2, candidate_blocks=torch.empty(8, 8, dtype=torch.int32), candidate_block_size=4,
+            candidate_write=False)  # (8 - 1) * 4 + 1 = 29 >= 16 positions: enough
+    assert not [r for r in plugin_log if r.levelno == logging.WARNING]
+    make_op(compress_ratio=C2, candidate_blocks=torch.empty(8, 2, dtype=torch.int32), candidate_block_size=4,
+            candidate_write=False)  # (2 - 1) * 4 + 1 = 5 < 16
+    make_op(compress_ratio=C2, candidate_blocks=torch.empty(8, 2, dtype=torch.int32), candidate_block_size=4,
+            candidate_write=True)  # a source writes, it does not mask
+    warned = [r.getMessage() for r in plugin_log if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "cover only 5 of the 16 positions" in warned[0]

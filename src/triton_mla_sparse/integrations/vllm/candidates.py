@@ -41,14 +41,19 @@ def select_candidate_blocks(logits: torch.Tensor, visible: torch.Tensor, block_s
         out.fill_(-1)
         return
     nblocks = -(-width // block_size)
-    cols = torch.arange(nblocks * block_size, device=logits.device)
+    full = width // block_size
+    # Block maxima straight from the logits (no [T, L] copy): every block before the newest lies wholly below
+    # `visible`, the newest is pinned to +inf below, the ones after it are no candidates.
+    parts = [logits[:, : full * block_size].unflatten(1, (full, block_size)).amax(-1)]
+    if full < nblocks:
+        parts.append(logits[:, full * block_size:].amax(-1, keepdim=True))
+    scores = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
     visible = visible.to(torch.int64)
-    padded = torch.nn.functional.pad(logits, (0, nblocks * block_size - width), value=float("-inf"))
-    scores = torch.where(cols < visible[:, None], padded, float("-inf")).view(rows, nblocks, block_size).amax(-1)
     newest = torch.div(visible - 1, block_size, rounding_mode="floor")
+    blocks = torch.arange(nblocks, device=logits.device)
+    scores.masked_fill_(blocks > newest[:, None], float("-inf"))
     pin = (visible > 0) & (newest < nblocks)
-    slot = torch.where(pin, newest, 0)[:, None]
-    scores.scatter_(1, slot, torch.where(pin[:, None], float("inf"), scores.gather(1, slot)))
+    scores.masked_fill_((blocks == newest[:, None]) & pin[:, None], float("inf"))
     top = scores.topk(min(out.shape[1], nblocks), dim=-1)
     out[:, : top.indices.shape[1]] = torch.where(top.values != float("-inf"), top.indices, -1)
     out[:, top.indices.shape[1]:] = -1

@@ -50,20 +50,22 @@ DeepSeek-V4.1's two-level candidate blocks (``candidate_blocks``: the candidate 
 blocks of ``candidate_block_size`` compressed positions, later index sources mask their logits to them) run between
 the logits (materialised with :func:`triton_mla_sparse.indexer_logits`) and the select
 (:func:`triton_mla_sparse.ops.topk.topk_select`), by :mod:`.candidates` (vLLM's semantics in torch); prefill rows are
-then not sharded, as in vLLM.
+then not sharded, as in vLLM. One difference: after the mask vLLM's top-k kernels fill a row with masked positions
+when fewer than ``topk`` entries remain; ours leaves them -1 (possible only where ``(candidate_topk_blocks - 1) ·
+candidate_block_size + 1 < topk``, which the constructor logs once).
 
-Compressed indexer caches (``compress_ratio`` C > 1: DeepSeek-V4's C4A layers, ``DeepseekV4Indexer``, C = 4) are
-served with the FP8 cache, whose pages have V3.2's layout (per page of ``block_size / C`` compressed entries: their
-128 e4m3 bytes each, then one float32 scale each; vLLM pads the page and packs it beside the layer group's other
-pages, so blocks lie further apart than a page — any block stride is read). The cache is written by V4's compressor
-(``skip_k_cache_insert=True``): compressed entry j of a request holds tokens ``j·C … j·C + C - 1`` and is written by
-the last of them, at row ``j % (block_size / C)`` of page ``block_table[j // (block_size / C)]``. Everything else
-comes in compressed units from vLLM's builder (``DeepseekV32IndexerMetadataBuilder`` with
-``compress_ratio = tokens_per_state``): each prefill row's range ``[cu_seqlen_ks, cu_seqlen_ke)`` and each decode
-row's context length hold ``(p + 1) // C`` entries for the token at position p — the entries complete at p — and the
-CUDA-graph width is the op's ``max_model_len`` (V4 passes ``max_model_len // C``). The positions written are
-request-local compressed positions ``0 … (p + 1) // C - 1``; a token with no complete entry yet (p < C - 1) gets an
-all -1 row, as vLLM's DeepGEMM path writes.
+Compressed indexer caches (``compress_ratio`` C > 1: DeepSeek-V4's C4A layers, ``DeepseekV4Indexer``, C = 4; V4.1's
+ratio-2 index sources) are served with the FP8 cache, whose pages have V3.2's layout (per page of ``block_size / C``
+compressed entries: their 128 e4m3 bytes each, then one float32 scale each; vLLM pads the page and packs it beside the
+layer group's other pages, so blocks lie further apart than a page — any block stride is read). The cache is written
+outside the op (``skip_k_cache_insert=True``: V4's compressor, V4.1's ``indexer_k_norm_rope_store`` on the kv-source
+layer): compressed entry j of a request holds tokens ``j·C … j·C + C - 1`` and is written by the last of them, at row
+``j % (block_size / C)`` of page ``block_table[j // (block_size / C)]``. Everything else comes in compressed units from
+vLLM's builder (``DeepseekV32IndexerMetadataBuilder`` with ``compress_ratio = tokens_per_state``): each prefill row's
+range ``[cu_seqlen_ks, cu_seqlen_ke)`` and each decode row's context length hold ``(p + 1) // C`` entries for the token
+at position p — the entries complete at p — and the CUDA-graph width is the op's ``max_model_len`` (V4 passes
+``max_model_len // C``). The positions written are request-local compressed positions ``0 … (p + 1) // C - 1``; a token
+with no complete entry yet (p < C - 1) gets an all -1 row, as vLLM's DeepGEMM path writes.
 
 (No ``from __future__ import annotations`` here: torch infers the custom op's schema from the annotations.)
 """
@@ -285,6 +287,13 @@ class TritonSparseAttnIndexer(SparseAttnIndexer):
             declare_invariant_cache(self.k_cache)
         _log_once(logging.INFO, "using", "triton-mla-sparse: the DSA indexer runs on Triton (%s%s).", why,
                   "; rows computed alone for batch invariance" if _DETERMINISTIC[0] else "")
+        if self.candidate_blocks is not None and not self.candidate_write:
+            covered = (self.candidate_blocks.shape[1] - 1) * self.candidate_block_size + 1
+            if covered < self.topk_tokens:
+                _log_once(logging.WARNING, "candidates-short", "triton-mla-sparse: V4.1's candidate blocks may cover "
+                          "only %d of the %d positions an index source selects; there the Triton indexer returns "
+                          "only candidate positions (-1 padded) where vLLM's top-k adds masked ones.", covered,
+                          self.topk_tokens)
         route_vllm_call_sites()
 
     def forward_cuda(self, hidden_states: torch.Tensor, q_quant: Any, k: torch.Tensor,
@@ -398,7 +407,7 @@ def _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, candid
         rows = None if candidates is None else (candidates[0][start:end], *candidates[1:])
         if chunk.local_total_seq_lens == 0 or end == start:
             out.fill_(-1)
-            if rows is not None and rows[2]:  # vLLM's select on zero-width logits: no candidate
+            if rows is not None and rows[2]:  # vLLM leaves these rows as they were; -1: no candidate, not garbage
                 rows[0].fill_(-1)
             continue
         # Row i scores K rows [ks[i], ke[i]) of the chunk's gathered K: request-local positions 0 … ke-ks-1 of the
@@ -448,7 +457,10 @@ def _decode(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, max_mod
     # Eager: the longest context of the batch (md.max_seq_len counts tokens; a row sees at most max_seq_len // C
     # entries). Under CUDA-graph capture the launch must serve every replay, so the width is the model's maximum
     # (what vLLM's DeepGEMM call uses; the compressed indexer of DeepSeek-V4 passes max_model_len // C).
-    max_len = max_model_len if _capturing(q_quant.device) else md.max_seq_len // compress_ratio
+    # With candidate blocks the width is always the model's (vLLM's DeepGEMM logits width): a consumer whose compress
+    # ratio differs from its candidate source's then clamps the same candidates past the width as vLLM does.
+    wide = candidates is not None or _capturing(q_quant.device)
+    max_len = max_model_len if wide else md.max_seq_len // compress_ratio
     max_len = min(max_len, block_table.shape[1] * kv4.shape[1])
     out = topk_indices_buffer[:rows, :topk_tokens]
     # candidate rows follow the packed decode rows, as in vLLM (the source and its consumers pack alike)

@@ -53,12 +53,12 @@ parses arguments. ``register`` is idempotent and never changes vLLM's files. It
    has no native one (below SM 8.9); ``TRITON_MLA_SPARSE_SOFT_FP8=auto|always|off``, see
    :mod:`triton_mla_sparse.integrations.vllm.fp8_compat`.
 
-5. on the CUDA platform, gives DeepSeek-V4's attention layers this package's kernels where vLLM 0.33 has no layer
-   that runs (SM 12.x without FlashInfer's V4 kernels; below SM 9.0, where the build still stops) unless
-   ``--attention-backend`` names one, and stops the build of a DeepSeek-V4 / V4.1 model with one ``ValueError``
-   naming the components of vLLM's V4 path that still do not run on the GPU (SM 8.x: DeepGEMM, ...) instead of
-   letting it fail inside the kernels at run time; ``TRITON_MLA_SPARSE_DSV4=auto|triton|off``, see
-   :mod:`triton_mla_sparse.integrations.vllm.v4`.
+5. on the CUDA platform, gives DeepSeek-V4's and V4.1's attention layers this package's kernels where vLLM 0.33 has
+   no layer that runs (SM 12.x without FlashInfer's V4 kernels; below SM 9.0) unless ``--attention-backend`` names one,
+   and stops the build of a DeepSeek-V4 / V4.1 model with one ``ValueError`` naming the components of vLLM's V4 path
+   that still do not run on the GPU (with the default switches none from SM 8.0 on; a switch set to ``off`` brings its
+   components back) instead of letting it fail inside the kernels at run time;
+   ``TRITON_MLA_SPARSE_DSV4=auto|triton|off``, see :mod:`triton_mla_sparse.integrations.vllm.v4`.
 
 A value of any of these variables outside its modes raises ``ValueError`` from :func:`register` (see
 :mod:`~triton_mla_sparse.integrations.vllm.policy`); any other failure is logged and leaves vLLM running. This

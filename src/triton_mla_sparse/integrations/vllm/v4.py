@@ -9,15 +9,14 @@ vLLM refuses to build the layer. :data:`COMPONENTS` lists each piece of that pat
 lowest compute capability it runs on.
 
 Where :func:`routes_attention` says so, the wrapper returns this package's V4 / V4.1 attention layer
-(:func:`.v4_attention.triton_attention_cls` / :func:`.v4_attention.triton_attention_cls_v41`: both caches and the
-sink read by the Triton kernels) instead of vLLM's class, and the attention row no longer blocks; nor do the rows
-the plugin's other switches take over there (:func:`taken_components`: the Triton indexer on V4's compressed
-cache, the portable o_proj and mHC prenorm of :mod:`.v4_portable` and its routes from the CuTeDSL compressor and
-indexer-q kernels to vLLM's Triton ones, the software e4m3 casts). So from SM 8.0 on nothing blocks DeepSeek-V4
-with the default switches; nor DeepSeek-V4.1 (the attention layer, the Triton indexer with its two-level candidate
-blocks, the portable o_proj, the indexer-q route and the software casts). A backend named with
-``--attention-backend`` is vLLM's to honour: ``auto`` then leaves the choice to vLLM, ``triton`` refuses the
-combination.
+(:func:`.v4_attention.triton_attention_cls` / :func:`.v4_attention.triton_attention_cls_v41`: both caches and the sink
+read by the Triton kernels) instead of vLLM's class, and the attention row no longer blocks; nor do the rows the
+plugin's other switches take over there (:func:`taken_components`: the Triton indexer on V4's and V4.1's compressed
+caches, the portable o_proj and mHC prenorm of :mod:`.v4_portable` and its routes from the CuTeDSL compressor and
+indexer-q kernels to vLLM's Triton ones, the software e4m3 casts). So from SM 8.0 on nothing blocks DeepSeek-V4 with the
+default switches; nor DeepSeek-V4.1 (the attention layer, the Triton indexer with its two-level candidate blocks, the
+portable o_proj, the indexer-q route and the software casts). A backend named with ``--attention-backend`` is vLLM's to
+honour: ``auto`` then leaves the choice to vLLM, ``triton`` refuses the combination.
 
 :func:`install` (called by :func:`triton_mla_sparse.integrations.vllm.register` on vLLM's CUDA platform) wraps
 ``_select_dsv4_attn_cls`` of both model modules: when the module is already imported at once, otherwise when it is

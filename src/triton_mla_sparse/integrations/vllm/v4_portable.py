@@ -4,9 +4,10 @@
   grouped ``wo_a``). vLLM's own function already has a bf16 branch (``fused_inv_rope_fp8_quant(..., quantize=False)``
   then ``torch.bmm``), taken when ``wo_a.weight`` is not e4m3. Below SM 9.0 vLLM would hand ``wo_a`` to Marlin, whose
   weight repack makes it unusable there; :func:`dequantize_wo_a` takes the layer's place in
-  ``process_weights_after_loading``: it turns the 128 × 128 block-scaled e4m3 weight into bf16 once (twice the fp8
-  bytes of ``wo_a``; ``wo_b`` stays vLLM's), so vLLM's bf16 branch runs. Installed per layer by this package's V4
-  attention layer (:func:`route_wo_a`).
+  ``process_weights_after_loading``: it turns the e4m3 weight (128 × 128 block scales, or MXFP8's 32-wide UE8M0
+  ones) into bf16 once (twice the fp8 bytes of ``wo_a``; ``wo_b`` stays vLLM's), so vLLM's bf16 branch runs (V4.1's
+  ``dsv41_o_proj`` calls the same function off SM 10.x). Installed per layer by this package's V4 and V4.1 attention
+  layers (:func:`route_wo_a`).
 * **V4's first-layer mHC prenorm GEMM** (``mhc_pre_broadcast_tilelang`` asks ``_hc_prenorm_gemm_outputs`` for
   DeepGEMM's ``tf32_hc_prenorm_gemm`` with ``use_tilelang_fallback=False``, whatever the GPU). :func:`install`
   wraps that function: such calls get ``out = x·fnᵀ`` and ``sqrsum = Σ x²`` in float32 torch, one split (the
@@ -37,7 +38,8 @@ import torch
 from .policy import dsv4_portable_mode, warn_once
 
 __all__ = ["BLOCK", "MX_BLOCK", "PRENORM_MODULE", "PRENORM_HOOK", "COMPRESSOR_MODULE", "COMPRESSOR_KERNEL",
-           "COMPRESSOR_WARMUPS", "INDEXER_Q_MODULE", "INDEXER_Q_CUTEDSL_MODULE", "INDEXER_Q_WARMUPS", "CUTEDSL_MIN_CAPABILITY",
+           "COMPRESSOR_WARMUPS", "INDEXER_Q_MODULE", "INDEXER_Q_CUTEDSL_MODULE", "INDEXER_Q_WARMUPS",
+           "CUTEDSL_MIN_CAPABILITY",
            "cutedsl_route_wanted", "dequantize_block_fp8", "dequantize_wo_a", "install", "install_cutedsl_routes",
            "installed", "cutedsl_routes_installed", "portable_compress", "portable_wanted", "prenorm_outputs",
            "route_wo_a", "uninstall", "uninstall_cutedsl_routes"]
