@@ -72,6 +72,29 @@ def test_select_matches_the_rule(k):
     assert 2 in set(out[5].tolist())  # block of the NaN
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_select_and_mask_on_random_shapes(seed):
+    """Random widths, block sizes, context lengths, a NaN and candidate lists (some past the width): both steps equal
+    the rule row by row."""
+    g = torch.Generator().manual_seed(seed)
+    rows, width, bs = 7, int(torch.randint(1, 90, (1,), generator=g)), int(torch.randint(1, 12, (1,), generator=g))
+    visible = torch.randint(0, width + 1, (rows,), generator=g)
+    logits = make_logits(rows, width, visible, seed=seed + 100)
+    nan_row = int(visible.argmax())  # one NaN (several would tie: torch.topk orders NaNs arbitrarily)
+    logits[nan_row, int(torch.randint(0, int(visible[nan_row]) or 1, (1,), generator=g))] = math.nan
+    k = int(torch.randint(1, 9, (1,), generator=g))
+    out = torch.empty(rows, k, dtype=torch.int32)
+    select_candidate_blocks(logits, visible.int(), bs, out)
+    want = ref_select(logits, visible, bs, k)
+    for r in range(rows):
+        assert set(b for b in out[r].tolist() if b >= 0) == want[r], (seed, r)
+    cand = torch.randint(-1, -(-width // bs) + 2, (rows, k), generator=g, dtype=torch.int32)
+    got = logits.clone()
+    apply_candidate_mask(got, visible.int(), cand, bs)
+    assert torch.equal(got.isnan(), ref_mask(logits, visible, cand, bs).isnan())
+    assert torch.equal(got.nan_to_num(0.5), ref_mask(logits, visible, cand, bs).nan_to_num(0.5))
+
+
 def test_select_zero_width_and_zero_rows():
     out = torch.full((3, 4), 7, dtype=torch.int32)
     select_candidate_blocks(torch.empty(3, 0), torch.zeros(3, dtype=torch.int32), BS, out)
