@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--variants", default="dsv32-h128,dsv32-h16,glm5-h8")
     c.add_argument("--modes", default="eager,graphs")
     c.add_argument("--only", default="", help="regex: run only the specs whose name matches")
+    c.add_argument("--tp", default="", help="tensor-parallel sizes, e.g. 2,4: the tensor-parallel runs (ours vs the "
+                   "peer, CUDA graphs, worker processes) instead of the matrix, one engine at a time")
+    c.add_argument("--expert-parallel", action="store_true", help="with --tp: experts split over the ranks too")
     c.add_argument("--from-runs", type=Path, default=None,
                    help="rebuild the section from an earlier run's worker results (DIR/runs) instead of running; "
                         "the environment is read from DIR/correctness.json")
@@ -89,14 +92,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import re
 
-    from .matrix import correctness_specs, run_pool, serving_specs, trace_specs
+    from .matrix import correctness_specs, parallel_specs, run_pool, serving_specs, trace_specs
     from .results import correctness_rows, serving_rows
 
     a.out.mkdir(parents=True, exist_ok=True)
     env = {} if getattr(a, "from_runs", None) else {"gpu": _gpu(), "versions": _versions()}
     if a.cmd == "correctness":
-        specs, pairs = correctness_specs(str(a.out / "models"), variants=tuple(a.variants.split(",")),
-                                         modes=tuple(a.modes.split(",")))
+        if a.tp:
+            specs, pairs = parallel_specs(str(a.out / "models"), tp_sizes=tuple(int(t) for t in a.tp.split(",")),
+                                          variants=tuple(a.variants.split(",")), expert_parallel=a.expert_parallel)
+            a.parallel = 1  # each engine takes its ranks' GPUs from device 0 on
+        else:
+            specs, pairs = correctness_specs(str(a.out / "models"), variants=tuple(a.variants.split(",")),
+                                             modes=tuple(a.modes.split(",")))
         if a.only:
             specs = [sp for sp in specs if re.search(a.only, sp["name"])]
         specs.sort(key=lambda sp: ("h128" not in sp["name"], sp["mode"] != "graphs"))  # longest first

@@ -12,7 +12,8 @@
 #                                              none); with E2E_TRACE=1 the module-by-module trace (trace.py); with
 #                                              E2E_MATRIX=1 also the correctness matrix, then the serving runs alone
 #                                              (E2E_VARIANTS / E2E_SERVING_VARIANTS: their models, default the
-#                                              harness's; E2E_SERVING=0: no serving runs); E2E_SIDE=0 skips the
+#                                              harness's; E2E_TP=2,4: the tensor-parallel runs instead of the matrix;
+#                                              E2E_SERVING=0: no serving runs); E2E_SIDE=0 skips the
 #                                              fp8 check and the GPU tests;
 #                                              results under /tmp/e2e
 #   bash benchmarks/e2e/device.sh wait [SEC]   wait up to SEC (default 540) for the runs, then copy a tarball of
@@ -94,6 +95,7 @@ PY
         fi
         if [ "${E2E_MATRIX:-0}" = "1" ]; then
             timeout 1500 python3 -m e2e correctness --out '"$E2E"'/correctness ${E2E_ONLY:+--only "$E2E_ONLY"} \
+                ${E2E_TP:+--tp "$E2E_TP"} \
                 ${E2E_VARIANTS:+--variants "$E2E_VARIANTS"} \
                 > '"$E2E"'/correctness.log 2>&1
         fi

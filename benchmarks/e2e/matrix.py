@@ -172,6 +172,35 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
     return specs, pairs
 
 
+#: NVLink multicast (NVLS) off in every tensor-parallel engine, as on the lent machines (KINDS.md).
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
+
+
+def parallel_specs(model_root: str, *, tp_sizes: tuple[int, ...], variants: tuple[str, ...] = ("dsv32-h16", "glm5-h8"),
+                   expert_parallel: bool = False) -> tuple[list[dict], list[dict]]:
+    """Tensor-parallel runs (issue 18): per size t, per variant (its heads are one GPU's share: the model has t times
+    as many) and cache dtype, ours against the peer with CUDA graphs, every rank a worker process (vLLM's ``mp``
+    executor; t = 1 runs the same path on one GPU), NVLink multicast off; ``expert_parallel``: experts split over
+    the ranks too. Pairs carry ``tensor_parallel_size``."""
+    specs: list[dict] = []
+    pairs: list[dict] = []
+    for t in tp_sizes:
+        par = {"tensor_parallel_size": t, "enable_expert_parallel": expert_parallel, "executor": "mp"}
+        for variant in variants:
+            if uses_v4_layer(variant):
+                raise ValueError(f"parallel_specs: {variant} is a DeepSeek-V4 / V4.1 variant (not in issue 18's runs)")
+            for kv, peer in PEERS.items():
+                tag = f"tp{t}{'ep' if expert_parallel else ''}-{variant}-graphs-{kv}"
+                specs.append(base_spec(f"{tag}-peer", variant=variant, backend=peer, kv=kv, mode="graphs",
+                                       model_root=model_root, parallel=dict(par), env=dict(NCCL_ENV)))
+                specs.append(base_spec(f"{tag}-ours", variant=variant, backend=OURS, kv=kv, mode="graphs",
+                                       model_root=model_root, parallel=dict(par), env=dict(NCCL_ENV)))
+                pairs.append({"kind": "vs_peer", "variant": variant, "mode": "graphs", "kv_cache_dtype": kv,
+                              "indexer": "vllm", "ours": f"{tag}-ours", "peer": f"{tag}-peer",
+                              "tensor_parallel_size": t})
+    return specs, pairs
+
+
 def serving_specs(model_root: str, *, variants: tuple[str, ...] = ("dsv32-h16", "dsv32-h128")) -> list[dict]:
     """Per variant, each backend (ours and the peer, per cache dtype) with CUDA graphs at contexts 8K and 32K."""
     specs = []

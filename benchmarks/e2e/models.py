@@ -210,14 +210,18 @@ def uses_v4_layer(variant: str) -> bool:
     return VARIANTS[variant].family in (V4_FAMILY, V41_FAMILY)
 
 
-def model_config(variant: str, *, max_position_embeddings: int) -> dict[str, Any]:
+def model_config(variant: str, *, max_position_embeddings: int, tensor_parallel_size: int = 1) -> dict[str, Any]:
     """The ``config.json`` of ``variant`` (a key of :data:`VARIANTS`); a DeepSeek-V4.1 one nests its model under
-    ``text_config``, as V4.1 checkpoints do."""
+    ``text_config``, as V4.1 checkpoints do. ``tensor_parallel_size`` t: the model whose t-way split gives each GPU
+    ``variant``'s heads (t times its heads; V4's output groups follow)."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}")
     if not isinstance(max_position_embeddings, int) or max_position_embeddings < 4096:
         raise ValueError(f"max_position_embeddings must be an int >= 4096, got {max_position_embeddings!r}")
+    if not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tensor_parallel_size!r}")
     v = VARIANTS[variant]
+    v = Variant(v.name, v.family, v.heads * tensor_parallel_size, v.what)
     if v.family == V41_FAMILY:  # o_groups as V4's below
         text = {**_DSV41_TEXT, "num_attention_heads": v.heads, "o_groups": max(1, v.heads // 8),
                 "max_position_embeddings": max_position_embeddings}
@@ -234,12 +238,14 @@ def model_config(variant: str, *, max_position_embeddings: int) -> dict[str, Any
     return cfg
 
 
-def write_model(variant: str, root: str | Path, *, max_position_embeddings: int = 40960) -> Path:
-    """Write ``root/<variant>/config.json`` (idempotent) and return the folder."""
-    folder = Path(root) / variant
+def write_model(variant: str, root: str | Path, *, max_position_embeddings: int = 40960,
+                tensor_parallel_size: int = 1) -> Path:
+    """Write ``root/<variant>/config.json`` (``root/<variant>-tp<t>`` for a ``tensor_parallel_size`` t > 1: see
+    :func:`model_config`; idempotent) and return the folder."""
+    folder = Path(root) / (variant if tensor_parallel_size == 1 else f"{variant}-tp{tensor_parallel_size}")
     folder.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(model_config(variant, max_position_embeddings=max_position_embeddings), indent=2,
-                      sort_keys=True) + "\n"
+    text = json.dumps(model_config(variant, max_position_embeddings=max_position_embeddings,
+                                   tensor_parallel_size=tensor_parallel_size), indent=2, sort_keys=True) + "\n"
     path = folder / "config.json"
     if not path.exists() or path.read_text() != text:
         path.write_text(text)

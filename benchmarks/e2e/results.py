@@ -83,15 +83,39 @@ def v4_checks(run: dict[str, Any]) -> list[str]:
     return problems
 
 
+def worker_checks(run: dict[str, Any]) -> list[str]:
+    """What a run's worker processes must show (empty: all of it; a run without ``workers``, from before they were
+    recorded, passes): one entry per tensor-parallel rank of its engine, each with the plugin registered in that
+    process (read there: the backend name pointing at our class) and, where the spec names a parallel layout, the
+    tensor-parallel ranks 0 … size - 1 of that size."""
+    workers = run.get("workers")
+    if workers is None:
+        return []
+    par = run.get("spec", {}).get("parallel") or {"tensor_parallel_size": 1}
+    tp = par["tensor_parallel_size"]
+    problems = []
+    if len(workers) != tp:
+        problems.append(f"{len(workers)} worker reports for tensor_parallel_size {tp}")
+    missing = [w.get("pid") for w in workers if not w.get("backend_registered")]
+    if missing:
+        problems.append(f"the plugin's backend is not registered in worker processes {missing}")
+    if "parallel" in run.get("spec", {}) and sorted(tuple(w.get("tp") or ()) for w in workers) != \
+            [(r, tp) for r in range(tp)]:
+        problems.append(f"tensor-parallel ranks {[w.get('tp') for w in workers]}, expected 0 … {tp - 1} of {tp}")
+    return problems
+
+
 def correctness_rows(pairs: list[dict], results: dict[str, dict]) -> list[dict]:
-    """One row per compared pair: agreement per prompt, our call counts and the indexer shadow when recorded. A
-    DeepSeek-V4 or V4.1 pair is ``ok`` only when both runs pass :func:`v4_checks`."""
+    """One row per compared pair: agreement per prompt, our call counts and the indexer shadow when recorded. A pair
+    is ``ok`` only when both runs pass :func:`worker_checks`, a DeepSeek-V4 or V4.1 pair also :func:`v4_checks`."""
     rows = []
     for pair in pairs:
         ours, peer = results.get(pair["ours"], {}), results.get(pair["peer"], {})
         row = {**pair, "ok": bool(ours.get("ok") and peer.get("ok"))}
-        if row["ok"] and uses_v4_layer(pair["variant"]):
-            problems = v4_checks(ours) + v4_checks(peer)
+        if row["ok"]:
+            problems = worker_checks(ours) + worker_checks(peer)
+            if uses_v4_layer(pair["variant"]):
+                problems += v4_checks(ours) + v4_checks(peer)
             if problems:
                 row.update(ok=False, errors={"checks": "; ".join(problems)})
                 rows.append(row)
@@ -100,10 +124,10 @@ def correctness_rows(pairs: list[dict], results: dict[str, dict]) -> list[dict]:
             row.update(compare_runs(ours, peer))
             cw, pw = (r.get("weights", {}).get("checksum") for r in (ours, peer))
             row["same_weights"] = cw is not None and cw == pw  # both engines drew the same seeded weights
-            for key in ("calls", "indexer_shadow", "speculative", "layers", "portable"):
+            for key in ("calls", "indexer_shadow", "speculative", "layers", "portable", "workers"):
                 if key in ours:
                     row[key] = ours[key]
-            for key in ("attention_shadow", "layers"):
+            for key in ("attention_shadow", "layers", "workers"):
                 if key in peer:
                     row[f"peer_{key}"] = peer[key]
             if "speculative" in peer:

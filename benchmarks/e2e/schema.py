@@ -95,7 +95,40 @@ def validate_spec(spec: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"serving spec: no batch size for context {c}")
             if c + s["new_tokens"] + 1 > spec["max_model_len"]:
                 raise ValueError(f"serving spec: context {c} + new tokens exceeds max_model_len")
+    _validate_parallel(spec)
     return spec
+
+
+#: The engine's parallel layout (``spec["parallel"]``, optional; absent: one GPU, vLLM's in-process executor). Data
+#: parallelism is not among them: vLLM's offline ``LLM`` refuses ``data_parallel_size`` > 1 in one process (one
+#: process per rank, or ``vllm serve``, which this worker is not).
+PARALLEL_FIELDS = {"tensor_parallel_size": int, "enable_expert_parallel": bool, "executor": str}
+EXECUTORS = ("uni", "mp")
+#: Spec flags whose hooks wrap code in the driver process only: they see nothing of separate worker processes.
+IN_PROCESS_HOOKS = ("count_calls", "shadow_indexer", "shadow_attention", "shadow_portable")
+
+
+def _validate_parallel(spec: dict[str, Any]) -> None:
+    par = spec.get("parallel")
+    if par is None:
+        return
+    if not isinstance(par, dict):
+        raise ValueError(f"spec field 'parallel' must be a dict, got {type(par).__name__}")
+    _need(par, PARALLEL_FIELDS, "spec parallel")
+    if set(par) - set(PARALLEL_FIELDS):
+        raise ValueError(f"spec parallel: unknown fields {sorted(set(par) - set(PARALLEL_FIELDS))} (data parallelism "
+                         "needs one process per rank or vllm serve, not this worker)")
+    if par["tensor_parallel_size"] < 1:
+        raise ValueError("spec parallel: tensor_parallel_size must be >= 1")
+    if par["executor"] not in EXECUTORS:
+        raise ValueError(f"spec parallel: executor must be one of {EXECUTORS}, got {par['executor']!r}")
+    if par["tensor_parallel_size"] > 1 and par["executor"] != "mp":
+        raise ValueError("spec parallel: tensor_parallel_size > 1 runs its ranks in worker processes (executor 'mp')")
+    separate = par["executor"] == "mp"
+    hooked = [k for k in IN_PROCESS_HOOKS if spec.get(k)]
+    if separate and hooked:
+        raise ValueError(f"spec: {hooked} hook the driver process only; with worker processes (parallel "
+                         f"{par}) they would count nothing")
 
 
 def validate_results(doc: dict[str, Any]) -> dict[str, Any]:

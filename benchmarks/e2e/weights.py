@@ -136,10 +136,36 @@ class ReinitExtension:
         return probe_model(self.model_runner.get_model())
 
 
+def process_state() -> dict[str, Any]:
+    """What this worker process holds (read in the worker, not assumed from the driver): its pid, vLLM's parallel
+    ranks, and whether the plugin is registered here — the ``TRITON_MLA_SPARSE`` backend name pointing at our class,
+    and the Triton indexer as vLLM's out-of-tree ``SparseAttnIndexer``."""
+    import os
+
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from triton_mla_sparse.integrations.vllm.policy import BACKEND_CLASS_PATH, BACKEND_NAME
+
+    member = AttentionBackendEnum.__members__.get(BACKEND_NAME)
+    indexer = op_registry_oot.get("SparseAttnIndexer")
+    state: dict[str, Any] = {"pid": os.getpid(),
+                             "backend_registered": member is not None and member.get_path() == BACKEND_CLASS_PATH,
+                             "indexer_registered": getattr(indexer, "__name__", None) == "TritonSparseAttnIndexer"}
+    try:
+        from vllm.distributed import parallel_state as ps
+
+        for name, group in (("tp", ps.get_tp_group()), ("dp", ps.get_dp_group()), ("ep", ps.get_ep_group())):
+            state[name] = [group.rank_in_group, group.world_size]
+    except (AssertionError, AttributeError, ImportError) as e:  # a group not initialised in this process
+        state["groups_error"] = f"{type(e).__name__}: {e}"[:200]
+    return state
+
+
 def probe_model(model: torch.nn.Module) -> dict[str, Any]:
     """Attention impl class names and batch-invariant flags, the attention layers by class (``layer/impl``, or the
     layer alone where it is its own attention, as DeepSeek-V4's and V4.1's), and the DSA indexers' Triton flags, of
-    ``model``."""
+    ``model``; ``process``: :func:`process_state` of the worker holding it."""
     import vllm.envs as envs
 
     impls: dict[str, int] = {}
@@ -168,4 +194,4 @@ def probe_model(model: torch.nn.Module) -> dict[str, Any]:
         pass
     return {"batch_invariant_env": bool(envs.VLLM_BATCH_INVARIANT), "attention_impls": impls,
             "attention_layers": layers, "batch_invariant_impls": invariant_impls, "indexers": indexers,
-            "indexer_deterministic": deterministic}
+            "indexer_deterministic": deterministic, "process": process_state()}

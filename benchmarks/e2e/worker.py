@@ -70,6 +70,12 @@ def engine_kwargs(spec: dict[str, Any], model_dir: str) -> dict[str, Any]:
         kwargs["cudagraph_capture_sizes"] = spec["capture_sizes"]
     if spec.get("speculative"):
         kwargs["speculative_config"] = spec["speculative"]
+    par = spec.get("parallel")
+    if par is not None:  # every worker process loads the plugin itself (vLLM's general plugins)
+        kwargs.update(tensor_parallel_size=par["tensor_parallel_size"],
+                      enable_expert_parallel=par["enable_expert_parallel"])
+        if par["executor"] == "mp":
+            kwargs["distributed_executor_backend"] = "mp"
     return kwargs
 
 
@@ -81,15 +87,20 @@ def _engine(spec: dict[str, Any]):
     from .weights import probe_model, reinit
 
     load_general_plugins()  # so that attention_config can name TRITON_MLA_SPARSE
-    model_dir = write_model(spec["variant"], spec["model_root"], max_position_embeddings=spec["max_model_len"])
+    tp = (spec.get("parallel") or {}).get("tensor_parallel_size", 1)
+    model_dir = write_model(spec["variant"], spec["model_root"], max_position_embeddings=spec["max_model_len"],
+                            tensor_parallel_size=tp)
     kwargs = engine_kwargs(spec, str(model_dir))
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0
     info = llm.apply_model(functools.partial(reinit, seed=spec["weights_seed"], std=spec["weights_std"]))[0]
-    probe = llm.apply_model(probe_model)[0]  # which attention layers and indexers the engine really built
+    probes = llm.apply_model(probe_model)  # per worker: the attention layers, indexers and plugin state it holds
+    probe = probes[0]
     return llm, {"start_s": start_s, "weights": info, "layers": probe["attention_layers"],
-                 "indexers": probe["indexers"]}
+                 "indexers": probe["indexers"],
+                 "workers": [{**p["process"], "layers": p["attention_layers"], "indexers": p["indexers"]}
+                             for p in probes]}
 
 
 class CallCounter:

@@ -240,6 +240,10 @@ def test_write_model_is_idempotent(tmp_path):
     assert (d / "config.json").stat().st_mtime_ns == first
     write_model("glm5-h8", tmp_path, max_position_embeddings=16384)
     assert json.loads((d / "config.json").read_text())["max_position_embeddings"] == 16384
+    t2 = write_model("glm5-h8", tmp_path, max_position_embeddings=8192, tensor_parallel_size=2)
+    assert t2 == tmp_path / "glm5-h8-tp2" and json.loads((t2 / "config.json").read_text())["num_attention_heads"] == 16
+    with pytest.raises(ValueError, match="tensor_parallel_size must be an int >= 1"):
+        write_model("glm5-h8", tmp_path, tensor_parallel_size=0)
 
 
 def test_prompts_are_reproducible_and_in_vocab():

@@ -410,3 +410,116 @@ def test_v4_counter_counts_the_measured_calls_only(monkeypatch):
                                   extra_cache=q, extra_indices=torch.zeros(3, 512), extra_lens=lens)
     s = counter.stats
     assert (s["calls"], s["rows"], s["extra_calls"], s["max_valid_window"], s["max_valid_extra"]) == (1, 3, 1, 128, 512)
+
+
+# ------------------------------------------------------------------ several GPUs: the parallel layout, the workers
+
+PAR = {"tensor_parallel_size": 2, "enable_expert_parallel": False, "executor": "mp"}
+
+
+def test_parallel_specs_and_engine_kwargs():
+    """``parallel`` reaches vLLM's engine arguments; hooks that wrap driver-process code are refused with worker
+    processes (they would count nothing); bad layouts name the field."""
+    spec = base_spec("p", variant="dsv32-h16", backend=OURS, kv="bfloat16", mode="graphs", model_root="/m",
+                     parallel=dict(PAR))
+    kw = engine_kwargs(spec, "/m/x")
+    assert (kw["tensor_parallel_size"], kw["enable_expert_parallel"], kw["distributed_executor_backend"]) == \
+        (2, False, "mp") and "data_parallel_size" not in kw
+    assert "tensor_parallel_size" not in engine_kwargs(base_spec("q", variant="dsv32-h16", backend=OURS,
+                                                                 kv="bfloat16", mode="graphs", model_root="/m"), "/x")
+    uni = base_spec("u", variant="dsv32-h16", backend=OURS, kv="bfloat16", mode="eager", model_root="/m",
+                    parallel={**PAR, "tensor_parallel_size": 1, "executor": "uni"}, count_calls=True)
+    assert "distributed_executor_backend" not in engine_kwargs(uni, "/x")  # one process: the hooks see it all
+    with pytest.raises(ValueError, match=r"\['count_calls'\] hook the driver process only"):
+        base_spec("p", variant="dsv32-h16", backend=OURS, kv="bfloat16", mode="eager", model_root="/m",
+                  parallel=dict(PAR), count_calls=True)
+    for bad, match in (({**PAR, "executor": "ray"}, "executor must be one of"),
+                       ({**PAR, "tensor_parallel_size": 0}, "must be >= 1"),
+                       ({**PAR, "executor": "uni"}, "runs its ranks in worker processes"),
+                       ({**PAR, "data_parallel_size": 2}, r"unknown fields \['data_parallel_size'\]"),
+                       ({k: v for k, v in PAR.items() if k != "executor"}, "executor")):
+        with pytest.raises(ValueError, match=match):
+            base_spec("p", variant="dsv32-h16", backend=OURS, kv="bfloat16", mode="eager", model_root="/m",
+                      parallel=bad)
+
+
+def test_worker_checks_read_every_worker():
+    from e2e.results import worker_checks
+
+    spec = base_spec("p", variant="dsv32-h16", backend=OURS, kv="bfloat16", mode="graphs", model_root="/m",
+                     parallel=dict(PAR))
+    good = [{"pid": 10 + r, "backend_registered": True, "tp": [r, 2]} for r in range(2)]
+    assert worker_checks({"spec": spec, "workers": good}) == []
+    assert worker_checks({"spec": spec}) == []  # a run from before the workers were recorded
+    assert worker_checks({"spec": spec, "workers": good[:1]}) == ["1 worker reports for tensor_parallel_size 2",
+                                                                 "tensor-parallel ranks [[0, 2]], expected 0 … 1 "
+                                                                 "of 2"]
+    unregistered = [good[0], {**good[1], "backend_registered": False}]
+    assert worker_checks({"spec": spec, "workers": unregistered}) == [
+        "the plugin's backend is not registered in worker processes [11]"]
+    one = base_spec("o", variant="dsv32-h16", backend=OURS, kv="bfloat16", mode="graphs", model_root="/m")
+    assert worker_checks({"spec": one, "workers": [{"pid": 1, "backend_registered": True}]}) == []
+    # a pair is not ok when a worker of either run lacks the plugin
+    runs = {"a": {"ok": True, "spec": spec, "workers": unregistered}, "b": {"ok": True, "spec": spec,
+                                                                           "workers": good}}
+    row = correctness_rows([{"kind": "vs_peer", "variant": "dsv32-h16", "mode": "graphs", "kv_cache_dtype": "bfloat16",
+                             "indexer": "vllm", "ours": "a", "peer": "b"}], runs)[0]
+    assert not row["ok"] and "not registered" in row["errors"]["checks"]
+
+
+def test_process_state_reads_this_process():
+    """The probe each worker runs: the plugin's registration as this process holds it (vLLM tier)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm")
+    except PackageNotFoundError:
+        pytest.skip("vLLM is not installed (its tier: tests/e2e in the vLLM virtual environment)")
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    code = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {bench!r})
+        from e2e.weights import process_state
+        before = process_state()
+        from triton_mla_sparse.integrations.vllm import register
+        register()
+        print(json.dumps([before, process_state()]))
+    """)
+    env = {**os.environ, "TRITON_MLA_SPARSE_INDEXER": "always"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before, after = json.loads([x for x in proc.stdout.splitlines() if x.startswith("[")][-1])
+    assert not before["backend_registered"] and not before["indexer_registered"]
+    assert after["backend_registered"] and after["indexer_registered"] and after["pid"] == before["pid"]
+    assert "groups_error" in after  # no parallel groups outside an engine
+
+
+def test_parallel_specs_pair_ours_with_the_peer_per_size():
+    from e2e.matrix import NCCL_ENV, parallel_specs
+    from e2e.models import model_config
+
+    specs, pairs = parallel_specs("/m", tp_sizes=(1, 2, 8))
+    by = {sp["name"]: sp for sp in specs}
+    assert len(by) == len(specs) == 2 * len(pairs) == 2 * 3 * 2 * len(PEERS)
+    for p in pairs:
+        o, q = by[p["ours"]], by[p["peer"]]
+        t = p["tensor_parallel_size"]
+        assert o["parallel"] == q["parallel"] == {"tensor_parallel_size": t, "enable_expert_parallel": False,
+                                                  "executor": "mp"}
+        assert o["env"] == q["env"] == NCCL_ENV and o["mode"] == q["mode"] == "graphs"
+        assert (o["backend"], q["backend"]) == (OURS, PEERS[p["kv_cache_dtype"]])
+        assert not any(o.get(k) for k in ("count_calls", "shadow_indexer", "shadow_attention"))
+    # the model of a t-way run gives each GPU the variant's heads
+    one = model_config("dsv32-h16", max_position_embeddings=40960)
+    eight = model_config("dsv32-h16", max_position_embeddings=40960, tensor_parallel_size=8)
+    assert (one["num_attention_heads"], eight["num_attention_heads"]) == (16, 128)
+    assert {k: v for k, v in eight.items() if "heads" not in k} == {k: v for k, v in one.items() if "heads" not in k}
+    assert parallel_specs("/m", tp_sizes=(2,), expert_parallel=True)[0][0]["parallel"]["enable_expert_parallel"]
+    with pytest.raises(ValueError, match="DeepSeek-V4"):
+        parallel_specs("/m", tp_sizes=(2,), variants=("dsv4-h8",))
