@@ -88,6 +88,7 @@ from ... import indexer_logits, indexer_topk
 from ...capabilities import supports_capability
 from ...formats import D_INDEX
 from ...ops.topk import topk_select
+from ...ops.topk.configs import choose_select_config
 from .candidates import apply_candidate_mask, select_candidate_blocks
 from .policy import INDEXER_ENV, INDEXER_MODES, batch_invariant, indexer_mode, logger
 
@@ -388,7 +389,11 @@ def _indexer_topk_into(out, q, weights, kv_cache, block_table, req, positions, m
         select_candidate_blocks(logits, visible, block_size, blocks)
     else:
         apply_candidate_mask(logits, visible, blocks, block_size)
-    topk_select(logits, out.shape[1], out=out, select="torch" if _DETERMINISTIC[0] else None)
+    # prefill rows (several per request) take the prefill choice, as indexer_topk does: torch.topk where the split
+    # select's [T, L] workspace would not pay
+    shared = q.shape[0] > block_table.shape[0]
+    select = "torch" if _DETERMINISTIC[0] else choose_select_config(logits.device, shared_rows=shared).select
+    topk_select(logits, out.shape[1], out=out, select=select)
 
 
 def _prefill(md, kv4, q_quant, weights, topk_indices_buffer, topk_tokens, candidates=None):
