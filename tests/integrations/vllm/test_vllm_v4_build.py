@@ -146,11 +146,20 @@ def test_sm8x_builds_v4_on_the_plugins_components(checked, cuda_platform_module,
 def test_missing_cutedsl_routes_keep_their_rows_blocking(checked, cuda_platform_module, monkeypatch):
     """Where vLLM's CuTeDSL modules cannot be routed, the build check counts the compressor and indexer q as
     blocking below SM 8.9."""
+    import vllm.utils.import_utils as iu
+
     monkeypatch.setattr(v4_portable, "install_cutedsl_routes", lambda: False)
+    monkeypatch.setattr(iu, "has_cutedsl", lambda: True)
     with pytest.raises(ValueError) as info:
         _select(cuda_platform_module, checked["DeepSeek-V4"], (8, 6))
     msg = str(info.value)
     assert COMPRESSOR in msg and INDEXQ in msg and msg.count("\n  - ") == 2
+    # without cutlass at all vLLM's indexer q runs its Triton kernel: only the compressor (V4's) stays blocking
+    monkeypatch.setattr(iu, "has_cutedsl", lambda: False)
+    with pytest.raises(ValueError) as info:
+        _select(cuda_platform_module, checked["DeepSeek-V4"], (8, 6))
+    assert COMPRESSOR in str(info.value) and INDEXQ not in str(info.value)
+    assert _select(cuda_platform_module, checked["DeepSeek-V4.1"], (8, 6)).__name__ == OURS["DeepSeek-V4.1"]
 
 
 def _v4_config(heads=64, window=128, tp=1):

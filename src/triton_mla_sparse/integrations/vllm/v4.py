@@ -305,9 +305,13 @@ def _make_wrapper(original: Callable[..., Any], module: ModuleType, model: str) 
             if INDEXER_Q in taken:
                 from .v4_portable import cutedsl_route_wanted, install_cutedsl_routes
 
-                # installed where they route (below SM 8.9, or always); vLLM's modules missing: both stay CuTeDSL
+                # installed where they route (below SM 8.9, or always); vLLM's modules missing: both stay CuTeDSL,
+                # but without cutlass at all vLLM's indexer q takes its own Triton kernel (the casts row)
                 if cutedsl_route_wanted() and not install_cutedsl_routes():
-                    taken = tuple(c for c in taken if c not in (COMPRESSOR, INDEXER_Q))
+                    from vllm.utils.import_utils import has_cutedsl
+
+                    lost = (COMPRESSOR, INDEXER_Q) if has_cutedsl() else (COMPRESSOR,)
+                    taken = tuple(c for c in taken if c not in lost)
             check_capability(capability, model, routed, taken)
             if routed:
                 from .v4_attention import triton_attention_cls, triton_attention_cls_v41
