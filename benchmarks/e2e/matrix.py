@@ -61,6 +61,13 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
         pairs.append({"kind": kind, "variant": variant, "mode": mode, "kv_cache_dtype": kv, "indexer": indexer,
                       "ours": ours, "peer": peer})
 
+    def yardsticks(variant: str, kv: str) -> None:
+        """How far vLLM's backend (or layer) and ours drift from themselves between eager and CUDA-graph mode."""
+        if {"eager", "graphs"} <= set(modes):
+            for who in ("peer", "ours"):
+                pair(f"{who}_eager_vs_graphs", f"{variant}-eager-{kv}-{who}", f"{variant}-graphs-{kv}-{who}",
+                     variant=variant, mode="eager~graphs", kv=kv)
+
     v3 = tuple(v for v in variants if not uses_v4_layer(v))
     for variant in variants:
         if not is_v4(variant):
@@ -98,10 +105,7 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
                                    env=SM8X_ENV))
             pair("sm8x_vs_native", f"{tag}-ours-sm8x", f"{tag}-ours", variant=variant, mode="eager",
                  kv="fp8_ds_mla", indexer="ours")
-        if {"eager", "graphs"} <= set(modes):
-            for who in ("peer", "ours"):
-                pair(f"{who}_eager_vs_graphs", f"{variant}-eager-fp8_ds_mla-{who}",
-                     f"{variant}-graphs-fp8_ds_mla-{who}", variant=variant, mode="eager~graphs", kv="fp8_ds_mla")
+        yardsticks(variant, "fp8_ds_mla")
     for variant in variants:
         if not is_v41(variant):
             continue
@@ -118,10 +122,7 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
             pair("vs_peer", f"{tag}-ours", f"{tag}-peer", variant=variant, mode=mode, kv="fp8_ds_mla")
             pair("sm8x_vs_native", f"{tag}-ours-sm8x", f"{tag}-ours", variant=variant, mode=mode, kv="fp8_ds_mla",
                  indexer="ours")
-        if {"eager", "graphs"} <= set(modes):
-            for who in ("peer", "ours"):
-                pair(f"{who}_eager_vs_graphs", f"{variant}-eager-fp8_ds_mla-{who}",
-                     f"{variant}-graphs-fp8_ds_mla-{who}", variant=variant, mode="eager~graphs", kv="fp8_ds_mla")
+        yardsticks(variant, "fp8_ds_mla")
     for variant in v3:
         for mode in modes:
             for kv, peer in PEERS.items():
@@ -137,12 +138,9 @@ def correctness_specs(model_root: str, *, variants: tuple[str, ...] = tuple(VARI
                     pair("vs_peer", ours, f"{tag}-peer", variant=variant, mode=mode, kv=kv, indexer=indexer)
     # Baselines: how far vLLM's own backend (and ours) drift from themselves between eager and CUDA-graph mode, and
     # what the cache dtype and the indexer alone change, on the same prompts and weights.
-    if {"eager", "graphs"} <= set(modes):
-        for variant in v3:
-            for kv in PEERS:
-                for who in ("peer", "ours"):
-                    pair(f"{who}_eager_vs_graphs", f"{variant}-eager-{kv}-{who}", f"{variant}-graphs-{kv}-{who}",
-                         variant=variant, mode="eager~graphs", kv=kv)
+    for variant in v3:
+        for kv in PEERS:
+            yardsticks(variant, kv)
     for variant in v3:
         for mode in modes:
             pair("peer_fp8_vs_peer_bf16", f"{variant}-{mode}-fp8_ds_mla-peer", f"{variant}-{mode}-bfloat16-peer",

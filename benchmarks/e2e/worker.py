@@ -411,6 +411,16 @@ class IndexerShadow:
         self.rows_per_step = 128  # spread over steps (every prefill chunk and decode step), not the first chunk only
         self.errors: list[str] = []
 
+    def keep(self, rows: Any, theirs: Any, mine: Any, into: list) -> None:
+        """Append to ``into`` (theirs, mine) of the step's ``rows`` (row indices): at most ``rows_per_step`` evenly
+        spaced ones, spread over steps (every prefill chunk and decode step), up to ``max_rows`` in all."""
+        import torch
+
+        if rows.numel() > self.rows_per_step:
+            rows = rows[torch.linspace(0, rows.numel() - 1, self.rows_per_step).long().to(rows.device)]
+        for r in rows.tolist()[: self.max_rows - len(into)]:
+            into.append((theirs[r].tolist(), mine[r].tolist()))
+
     def install(self) -> None:
         import torch
         import vllm.models.deepseek_v32.attention as dsa
@@ -446,10 +456,7 @@ class IndexerShadow:
             mine = mine_buf[:n]
             topk = int(a["topk_tokens"])
             full = ((theirs >= 0).sum(dim=1) >= topk).nonzero().flatten()  # rows where the top-k selects
-            if full.numel() > shadow.rows_per_step:  # evenly spaced rows of this step
-                full = full[torch.linspace(0, full.numel() - 1, shadow.rows_per_step).long().to(full.device)]
-            for r in full.tolist()[: shadow.max_rows - len(shadow.rows)]:
-                shadow.rows.append((theirs[r].tolist(), mine[r].tolist()))
+            shadow.keep(full, theirs, mine, shadow.rows)
             shadow.steps += 1
             return result
 
@@ -516,17 +523,9 @@ class IndexerOpShadow(IndexerShadow):
             mine = mine_buf[:n]
             topk = int(op.topk_tokens)
             full = ((theirs >= 0).sum(dim=1) >= topk).nonzero().flatten()  # rows where the top-k selects
-            if full.numel() > shadow.rows_per_step:
-                full = full[torch.linspace(0, full.numel() - 1, shadow.rows_per_step).long().to(full.device)]
-            for r in full.tolist()[: shadow.max_rows - len(shadow.rows)]:
-                shadow.rows.append((theirs[r].tolist(), mine[r].tolist()))
-            if cand is not None and op.candidate_write:
-                picked = (cand[:n] >= 0).any(dim=1).nonzero().flatten()
-                if picked.numel() > shadow.rows_per_step:
-                    picked = picked[torch.linspace(0, picked.numel() - 1, shadow.rows_per_step).long()
-                                    .to(picked.device)]
-                for r in picked.tolist()[: shadow.max_rows - len(shadow.candidate_rows)]:
-                    shadow.candidate_rows.append((cand[r].tolist(), mine_cand[r].tolist()))
+            shadow.keep(full, theirs, mine, shadow.rows)
+            if cand is not None and op.candidate_write:  # rows where vLLM published candidates
+                shadow.keep((cand[:n] >= 0).any(dim=1).nonzero().flatten(), cand, mine_cand, shadow.candidate_rows)
             shadow.steps += 1
             return result
 

@@ -523,3 +523,17 @@ def test_parallel_specs_pair_ours_with_the_peer_per_size():
     assert parallel_specs("/m", tp_sizes=(2,), expert_parallel=True)[0][0]["parallel"]["enable_expert_parallel"]
     with pytest.raises(ValueError, match="DeepSeek-V4"):
         parallel_specs("/m", tp_sizes=(2,), variants=("dsv4-h8",))
+
+
+def test_indexer_shadow_keeps_spread_rows_up_to_the_cap():
+    import torch
+    from e2e.worker import IndexerShadow
+
+    sh = IndexerShadow()
+    sh.rows_per_step, sh.max_rows = 3, 5
+    theirs = torch.arange(20).reshape(10, 2)
+    sh.keep(torch.arange(10), theirs, theirs + 100, sh.rows)
+    assert [a for a, _ in sh.rows] == [[0, 1], [8, 9], [18, 19]]  # rows 0, 4, 9: evenly spaced, first and last
+    assert sh.rows[0][1] == [100, 101]
+    sh.keep(torch.tensor([2, 3, 7]), theirs, theirs, sh.rows)
+    assert len(sh.rows) == 5 and sh.rows[-1][0] == [6, 7]  # capped at max_rows
