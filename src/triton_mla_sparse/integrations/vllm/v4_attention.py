@@ -179,8 +179,8 @@ def triton_attention_cls_v41() -> type:
     (``dsv41_o_proj``: off SM 10.x ``deep_gemm_fp8_o_proj``, with an e4m3 ``wo_a`` — 128 x 128 blocks or MXFP8 —
     dequantized to bf16 after loading where DeepGEMM's einsum cannot run, as in V4's layer) and its backend classes
     (V4.1's FlashInfer ones, whose builders know its compress ratios 0 / 1 / 2, with the base backend's kernel
-    block sizes). Prefill context parallelism and
-    any record but V4's (SM 10.x's MXFP8 one, ``nvfp4_ds_mla``) are refused at construction."""
+    block sizes). Prefill context parallelism and any record but V4's (SM 10.x's MXFP8 one, ``nvfp4_ds_mla``) are
+    refused at construction."""
     from vllm.forward_context import get_forward_context
     from vllm.models.deepseek_v4.nvidia.ops.o_proj import compute_fp8_einsum_recipe
     from vllm.models.deepseek_v41.attention import DeepseekV4Attention
