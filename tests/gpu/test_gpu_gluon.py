@@ -1,6 +1,5 @@
 """GPU tier: the Gluon kernels (``family="mma2"``: kernels_mma2.py, ``"wgmma"``: kernels_wgmma.py, ``"wgmma_t"``:
-kernels_wgmma_t.py) against the
-float32 reference, at launch configurations beyond the table's (tile rows, stages, warps, head blocks), on poisoned
+kernels_wgmma_t.py, ``"wgmma_ws"``: kernels_wgmma_ws.py) against the float32 reference, at launch configurations beyond the table's (tile rows, stages, warps, head blocks), on poisoned
 caches (NaN everywhere outside the selection and in the slack of a strided cache), garbage indices, topk_length and
 sinks, with and without RoPE. The interpreter cannot run Gluon: CUDA only."""
 
@@ -26,7 +25,9 @@ SHAPES = [("mma2", 8, 16, 32, 4, 2), ("mma2", 16, 16, 32, 4, 1), ("mma2", 16, 16
           ("wgmma", 40, 64, 32, 8, 4), ("wgmma", 16, 64, 64, 8, 2),
           ("wgmma_t", 16, 16, 64, 4, 2), ("wgmma_t", 16, 16, 64, 4, 3), ("wgmma_t", 8, 8, 64, 4, 2),
           ("wgmma_t", 12, 16, 64, 4, 3), ("wgmma_t", 32, 32, 64, 4, 2), ("wgmma_t", 40, 16, 64, 4, 2),
-          ("wgmma_t", 16, 16, 64, 8, 2), ("wgmma_t", 24, 32, 64, 8, 2)]
+          ("wgmma_t", 16, 16, 64, 8, 2), ("wgmma_t", 24, 32, 64, 8, 2),
+          ("wgmma_ws", 16, 16, 64, 8, 2), ("wgmma_ws", 8, 8, 64, 8, 2), ("wgmma_ws", 12, 16, 64, 12, 2),
+          ("wgmma_ws", 32, 32, 64, 8, 2), ("wgmma_ws", 40, 16, 64, 12, 2)]
 
 
 def _skip_unless_supported(fmt: str, family: str = "mma2"):
@@ -48,8 +49,8 @@ FORMATS = [("bf16", False), ("fp16", False), ("fp8_ds_mla_pow2", True), ("fp8_ds
 def test_gluon_poisoned_cache_garbage_indices_lengths_sinks(pool, gluon_launches, fmt, f16_dot, kernel, family, heads,
                                                             block_h, block_n, num_warps, stages, overlap):
     _skip_unless_supported(fmt, family)
-    if family == "wgmma_t" and f16_dot:
-        pytest.skip("the wgmma_t kernel dots exact bf16 tiles only")
+    if family in ("wgmma_t", "wgmma_ws") and f16_dot:
+        pytest.skip(f"the {family} kernel dots exact bf16 tiles only")
     if overlap and (family != "wgmma_t" or not fmt.startswith("fp8_ds_mla")):
         pytest.skip("overlap: the wgmma_t kernel's fp8_ds_mla variant")
     if family == "wgmma_t" and stages > 2 and not fmt.startswith("fp8_ds_mla"):
@@ -77,7 +78,8 @@ def test_gluon_poisoned_cache_garbage_indices_lengths_sinks(pool, gluon_launches
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
-@pytest.mark.parametrize("family,heads", [("mma2", 16), ("mma2", 128), ("wgmma", 128), ("wgmma_t", 16)])
+@pytest.mark.parametrize("family,heads", [("mma2", 16), ("mma2", 128), ("wgmma", 128), ("wgmma_t", 16),
+                                          ("wgmma_ws", 16)])
 def test_gluon_nope_512(pool, fmt, kernel, family, heads):
     """No RoPE part: 512-value bf16 rows; fp8_ds_mla rows keep their 656 bytes and the RoPE bytes go unread."""
     _skip_unless_supported(fmt, family)
@@ -95,7 +97,8 @@ def test_gluon_nope_512(pool, fmt, kernel, family, heads):
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
-@pytest.mark.parametrize("family,heads", [("mma2", 16), ("wgmma", 64), ("wgmma_t", 16), ("wgmma_t", 8)])
+@pytest.mark.parametrize("family,heads", [("mma2", 16), ("wgmma", 64), ("wgmma_t", 16), ("wgmma_t", 8),
+                                          ("wgmma_ws", 16), ("wgmma_ws", 8)])
 def test_gluon_and_tl_agree(pool, fmt, family, heads):
     """The two kernels of one problem: both within the tolerance of the reference and of each other."""
     _skip_unless_supported(fmt, family)
@@ -154,7 +157,7 @@ def _launcher_cache(fn):
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
-@pytest.mark.parametrize("family,H", [("mma2", 16), ("wgmma", 64), ("wgmma_t", 16)])
+@pytest.mark.parametrize("family,H", [("mma2", 16), ("wgmma", 64), ("wgmma_t", 16), ("wgmma_ws", 16)])
 def test_gluon_cache_rows_off_16_bytes_run_the_tl_kernel(pool, gluon_launches, fmt, family, H):
     """cp.async copies 16-byte vectors: a cache whose row stride is not a multiple of 16 elements is read by the tl
     kernel instead, with the same result."""
@@ -209,7 +212,8 @@ _UNITS_LIMIT = pytest.mark.xfail(
 
 @pytest.mark.parametrize("family,heads,f16_dot", [pytest.param("mma2", 16, True, marks=_UNITS_LIMIT),
                                                    pytest.param("wgmma", 64, True, marks=_UNITS_LIMIT),
-                                                   ("mma2", 16, False), ("wgmma", 64, False), ("wgmma_t", 16, False)])
+                                                   ("mma2", 16, False), ("wgmma", 64, False), ("wgmma_t", 16, False),
+                                                   ("wgmma_ws", 16, False)])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_gluon_fp8_scales_far_apart_across_tiles(family, heads, f16_dot, overlap):
     """fp8_ds_mla rows whose scales differ by 2^200 between the tiles of one list (the tl kernel and the reference
@@ -242,7 +246,8 @@ def test_gluon_fp8_scales_far_apart_across_tiles(family, heads, f16_dot, overlap
 
 @pytest.mark.parametrize("family,heads,f16_dot", [("mma2", 16, True), ("mma2", 32, True), ("wgmma", 64, True),
                                                    ("mma2", 16, False), ("mma2", 32, False), ("wgmma", 64, False),
-                                                   ("wgmma_t", 16, False), ("wgmma_t", 32, False)])
+                                                   ("wgmma_t", 16, False), ("wgmma_t", 32, False),
+                                                   ("wgmma_ws", 16, False), ("wgmma_ws", 32, False)])
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_gluon_fp8_chunk_scales_differ(gluon_launches, family, heads, kernel, f16_dot, overlap):
@@ -276,7 +281,7 @@ def test_gluon_fp8_chunk_scales_differ(gluon_launches, family, heads, kernel, f1
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
-@pytest.mark.parametrize("family,heads", [("tl", 16), ("mma2", 16), ("wgmma", 64), ("wgmma_t", 16)])
+@pytest.mark.parametrize("family,heads", [("tl", 16), ("mma2", 16), ("wgmma", 64), ("wgmma_t", 16), ("wgmma_ws", 16)])
 def test_combine_as_dependent_launch(pool, fmt, family, heads):
     """``pdl``: the combine kernel, launched as a programmatic dependent of the split kernel, reads the partials only
     once they are written — calls on alternating q, back to back (a combine that did not wait would read the
@@ -332,7 +337,7 @@ def _regrouped(cache: torch.Tensor, kv_format: str, bs: int) -> torch.Tensor:
     return view
 
 
-@pytest.mark.parametrize("family", [None, "tl", "mma2", "wgmma_t", "wgmma"])
+@pytest.mark.parametrize("family", [None, "tl", "mma2", "wgmma_t", "wgmma", "wgmma_ws"])
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
 def test_extra_cache(pool, fmt, kernel, family):

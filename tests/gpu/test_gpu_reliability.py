@@ -346,7 +346,7 @@ def test_garbage_indices_stay_in_bounds(fmt, d_qk):
 
 
 GLUON_MEMCHECK = [("mma2", 16, {}), ("wgmma", 64, {}), ("wgmma_t", 16, {"overlap": False}),
-                  ("wgmma_t", 16, {"overlap": True})]
+                  ("wgmma_t", 16, {"overlap": True}), ("wgmma_ws", 16, {})]
 
 
 @pytest.mark.memcheck

@@ -126,13 +126,24 @@ def test_family_override(on_gpu):
         choose_config(64, 16, 2048, CPU, kv_format="fp8_e4m3", arch=sm90, family="mma2")
     with pytest.raises(ValueError, match="family: the mma2 kernel"):
         choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["gfx942"], family="mma2")
-    with pytest.raises(ValueError, match="family: expected 'tl', 'mma2', 'wgmma' or 'wgmma_t'"):
+    with pytest.raises(ValueError, match="family: expected 'tl', 'mma2', 'wgmma', 'wgmma_t' or 'wgmma_ws'"):
         choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm90, family="cuda")
     # the transposed wgmma kernel: sm90 only, 64-row tiles on one warpgroup, one program per SM by default
     cfg = choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=sm90, family="wgmma_t")
     assert (cfg.family, cfg.block_h, cfg.block_n, cfg.num_warps, cfg.programs_per_sm) == ("wgmma_t", 16, 64, 4, 1)
     with pytest.raises(ValueError, match="family: the wgmma_t kernel needs sm90"):
         choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm86, family="wgmma_t")
+    # the warp-specialised kernel: sm90 and fp8_ds_mla only, 64-row tiles, one consumer warpgroup
+    cfg = choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=sm90, family="wgmma_ws")
+    assert (cfg.family, cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages) == ("wgmma_ws", 16, 64, 8, 2)
+    for fmt, arch in (("bf16", sm90), ("fp8_ds_mla_v4", sm90), ("fp8_ds_mla", sm86)):
+        with pytest.raises(ValueError, match="family: the wgmma_ws kernel needs sm90 and fp8_ds_mla"):
+            choose_config(64, 16, 2048, CPU, kv_format=fmt, arch=arch, family="wgmma_ws")
+    for over, what in (({"block_n": 32}, "block_n"), ({"num_warps": 4}, "block_h / num_warps"),
+                       ({"num_stages": 1}, "num_stages"), ({"num_stages": 3, "block_h": 32}, "shared memory"),
+                       ({"f16_dot": True}, "f16_dot")):
+        with pytest.raises(ValueError, match=what):
+            choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=sm90, family="wgmma_ws", **over)
     # more stages or heads than the shared memory holds: refused by name when forced, the tl kernel otherwise
     with pytest.raises(ValueError, match=r"needs \d+ bytes of shared memory"):
         choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm90, family="wgmma_t", num_stages=3)
@@ -218,6 +229,8 @@ def test_the_gpu_tier_shapes_are_buildable(on_gpu):
         for fmt in ("bf16", "fp8_ds_mla"):
             if family == "wgmma_t" and stages > 2 and fmt == "bf16":
                 continue  # the tier skips it: two stages of 64 bf16 rows fill the shared memory (refused above)
+            if family == "wgmma_ws" and fmt == "bf16":
+                continue  # the tier skips it: the kernel reads fp8_ds_mla only
             for kernel in ("decode", "prefill"):
                 cfg = choose_config(64, heads, 2048, CPU, kernel, kv_format=fmt, arch=ARCHS["sm90"], family=family,
                                     block_h=block_h, block_n=block_n, num_warps=num_warps, num_stages=stages)

@@ -64,6 +64,8 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
             from .kernels_wgmma import _sparse_mla_fwd_wgmma as fn
         elif cfg.family == "wgmma_t":
             from .kernels_wgmma_t import _sparse_mla_fwd_wgmma_t as fn
+        elif cfg.family == "wgmma_ws":
+            from .kernels_wgmma_ws import _sparse_mla_fwd_wgmma_ws as fn
         else:
             from .kernels_mma2 import _sparse_mla_fwd_mma2 as fn
 
@@ -71,10 +73,16 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
                      BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8,
                      F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA, PDL=cfg.pdl and split, HAS_EXTRA=extra,
                      HAS_TOPK_LEN2=extra)
+        warps, regs = cfg.num_warps, cfg.max_registers
         if cfg.family == "wgmma_t":
             const["OVERLAP"] = cfg.overlap and fmt in (K.FMT_FP8_DS_MLA, K.FMT_FP8_V4)
-        return compile_kernel(fn, sig, const, divisible, arch, cfg.num_warps, 1,
-                              ones=("stride_idx_k", "stride_idx2_k"), max_registers=cfg.max_registers)
+        if cfg.family == "wgmma_ws":
+            const.update(K.ws_constexprs(cfg))
+            warps = 4
+            if regs is None and cfg.num_warps > 8:
+                regs = 65536 // (32 * cfg.num_warps) // 8 * 8
+        return compile_kernel(fn, sig, const, divisible, arch, warps, 1,
+                              ones=("stride_idx_k", "stride_idx2_k"), max_registers=regs)
     const = dict(FMT=fmt, CONVERT=fmt == K.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,
                  HAS_TOPK_LEN=True, HAS_SINK=True, K_SCALE_PTR=False, SPLIT=split, BLOCK_H=cfg.block_h,
                  BLOCK_N=cfg.block_n, SW_FP8=cfg.sw_fp8, F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA,

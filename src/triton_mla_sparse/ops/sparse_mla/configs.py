@@ -3,8 +3,8 @@
 No autotuning at call time (it would re-benchmark inside a CUDA-graph capture): every choice is a pure function
 of the architecture family, the problem's shape and the device's multiprocessor count. :data:`TABLE` holds one
 entry per (architecture, head class, cache class) for the tl kernel (kernels.py), :data:`GLUON_TABLE` the entries
-where a Gluon kernel (kernels_mma2.py, kernels_wgmma.py, kernels_wgmma_t.py) runs instead (an entry may name
-another entry for the prefill kernel: :attr:`Launch.prefill`); the compile-matrix test builds every entry
+where a Gluon kernel (kernels_mma2.py, kernels_wgmma.py, kernels_wgmma_t.py, kernels_wgmma_ws.py) runs instead (an
+entry may name another entry for the prefill kernel: :attr:`Launch.prefill`); the compile-matrix test builds every entry
 choose_config can pick for its target and checks shared memory against the architecture's budget and (NVIDIA) that
 ptxas reports no spills.
 """
@@ -40,8 +40,9 @@ class Launch:
     # over each chunk's tile scale, kernels_mma2.py); off, Gluon kernels dot bf16 tiles of exact values
     f16_dot: bool = False
     low_reg: bool = False  # q and the cache chunks loaded where each dot needs them, not held across the step
-    family: str = "tl"  # "tl": kernels.py; "mma2" / "wgmma" / "wgmma_t": kernels_mma2.py / kernels_wgmma.py /
-    # kernels_wgmma_t.py (num_stages = their STAGES: tiles in flight + 1)
+    family: str = "tl"  # "tl": kernels.py; "mma2" / "wgmma" / "wgmma_t" / "wgmma_ws": kernels_mma2.py /
+    # kernels_wgmma.py / kernels_wgmma_t.py / kernels_wgmma_ws.py (num_stages = their STAGES: tiles in flight + 1;
+    # wgmma_ws: its bf16 tile buffers)
     max_registers: int | None = None  # NVIDIA: ptxas's per-thread register cap (maxnreg), to fit more programs per SM
     overlap: bool = False  # wgmma_t with fp8_ds_mla / V4 pages: dequantise the next tile during this one's output MMAs
     max_waves: int = 2  # decode splits fill at most this many waves of resident programs (1: each SM's one program
@@ -156,10 +157,12 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
 _M = functools.partial(Launch, family="mma2")
 _W = functools.partial(Launch, family="wgmma")
 _T = functools.partial(Launch, family="wgmma_t")
+_WS = functools.partial(Launch, family="wgmma_ws")
 GLUON_CACHE_CLASSES = ("16bit", "fp8_ds_mla", "fp8_ds_mla_v4")
 FP8_TILE_CLASSES = ("fp8_ds_mla", "fp8_ds_mla_v4")  # dequantised once per tile into bf16 by the Gluon kernels
-GLUON_FAMILIES = ("mma2", "wgmma", "wgmma_t")
-HOPPER_FAMILIES = ("wgmma", "wgmma_t")  # warpgroup MMAs: sm90 only
+GLUON_FAMILIES = ("mma2", "wgmma", "wgmma_t", "wgmma_ws")
+HOPPER_FAMILIES = ("wgmma", "wgmma_t", "wgmma_ws")  # warpgroup MMAs: sm90 only
+WS_CACHE_CLASSES = ("fp8_ds_mla",)  # what the warp-specialised kernel reads (kernels_wgmma_ws.py)
 GLUON_ONLY_SWITCHES = ("overlap",)  # AttentionConfig switches of a Gluon kernel (the tl kernel refuses them)
 COMPILED_ONLY_SWITCHES = ("pdl",)  # switches of a compiled NVIDIA launch (refused under the interpreter)
 GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
@@ -169,8 +172,10 @@ GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         (16, "16bit"): _T(16, 64, 4, 2, 1, max_waves=1,
                            prefill=_M(16, 32, 4, 2, 1, prefill_stages=1, prefill_block_n=64)),
         # fp8_ds_mla decode at <= 16 heads: the combine kernel as a programmatic dependent launch (h16 B=64 0.0582
-        # vs 0.0595 ms; bf16 and 32 heads measured 1-3 % slower with it, so without: benchmarks/NOTES.md)
-        (16, "fp8_ds_mla"): _T(16, 64, 4, 2, 1, max_waves=1, overlap=True, prefill_stages=3, pdl=True),
+        # vs 0.0595 ms; bf16 and 32 heads measured 1-3 % slower with it, so without: benchmarks/NOTES.md); prefill:
+        # the warp-specialised kernel with 8 producer warps (h16 4096 rows x 32K: 2.42 ms vs wgmma_t's 3.14, FlashMLA
+        # 3.32; decode at B=64 it is slower than wgmma_t, 0.065 vs 0.058 ms)
+        (16, "fp8_ds_mla"): _T(16, 64, 4, 2, 1, max_waves=1, overlap=True, pdl=True, prefill=_WS(16, 64, 12, 2, 1)),
         (32, "16bit"): _T(32, 64, 4, 2, 1, max_waves=1, prefill=_W(64, 64, 8, 2, 1)),
         (32, "fp8_ds_mla"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
         (64, "16bit"): _W(64, 64, 8, 2, 1),
@@ -193,7 +198,8 @@ GLUON_TABLE["sm89"] = GLUON_TABLE["sm86"]
 GLUON_TABLE["sm120"] = GLUON_TABLE["sm86"]
 # what a forced family runs where the table has no entry of it
 _GLUON_DEFAULT = {"mma2": _M(16, 32, 4, 2, 1), "wgmma": _W(64, 64, 8, 2, 1),
-                  "wgmma_t": _T(16, 64, 4, 2, 1, max_waves=1, overlap=True)}
+                  "wgmma_t": _T(16, 64, 4, 2, 1, max_waves=1, overlap=True),
+                  "wgmma_ws": _WS(16, 64, 8, 2, 1, max_waves=1)}
 
 # Head blocks a target cannot build: on sm100/sm110 a 64-head block's accumulators need 576 of the 512 tensor-memory
 # columns (triton 3.9 compiles it to a bare trap, 3.6 asks 451 KB of shared memory); on RDNA it spills registers.
@@ -250,8 +256,8 @@ class AttentionConfig:
     programs_per_sm: int = 1  # resident programs per multiprocessor (registers/shared memory bound)
     combine_block_h: int = 8
     combine_warps: int = 4
-    family: str = "tl"  # which kernel: "tl" (kernels.py), "mma2" / "wgmma" / "wgmma_t" (kernels_mma2.py /
-    # kernels_wgmma.py / kernels_wgmma_t.py)
+    family: str = "tl"  # which kernel: "tl" (kernels.py), "mma2" / "wgmma" / "wgmma_t" / "wgmma_ws" (kernels_mma2.py
+    # / kernels_wgmma.py / kernels_wgmma_t.py / kernels_wgmma_ws.py; wgmma_ws: num_warps counts its producer warps)
     max_registers: int | None = None  # NVIDIA: registers per thread the build may use (ptxas maxnreg); None: its own
     overlap: bool = False  # wgmma_t with fp8_ds_mla / V4 pages: the next tile dequantised during this one's output MMAs
     pdl: bool = False  # decode: the combine kernel is a programmatic dependent launch (NVIDIA sm90 on), started
@@ -296,11 +302,14 @@ def _split_count(rows_x_heads: int, n_blocks: int, slots: int, max_waves: int = 
 
 def gluon_supported(family: str, arch: Arch | None, kv_format: str, q_dtype: torch.dtype | None = None) -> bool:
     """The Gluon kernel ``family`` can run this problem: not the interpreter, an NVIDIA target with cp.async and
-    mma.sync (``"mma2"``: sm80 on) or Hopper's wgmma (``"wgmma"``, ``"wgmma_t"``: sm90), a bf16/fp16 cache read as
-    stored (``q_dtype`` None or the cache's dtype), fp8_ds_mla or DeepSeek-V4 pages (bf16 q)."""
+    mma.sync (``"mma2"``: sm80 on) or Hopper's wgmma (``"wgmma"``, ``"wgmma_t"``, ``"wgmma_ws"``: sm90), a bf16/fp16
+    cache read as stored (``q_dtype`` None or the cache's dtype), fp8_ds_mla or DeepSeek-V4 pages (bf16 q);
+    ``"wgmma_ws"`` reads fp8_ds_mla only."""
     if arch is None or interpreting() or arch.backend != "cuda" or family not in GLUON_FAMILIES:
         return False
     if int(arch.target) < 80 or (family in HOPPER_FAMILIES and arch.name != "sm90"):
+        return False
+    if family == "wgmma_ws" and cache_class(kv_format) not in WS_CACHE_CLASSES:
         return False
     if kv_format in FP8_TILE_CLASSES:  # the rows' bf16 RoPE part is copied as stored and dotted with q's
         return q_dtype is None or q_dtype == torch.bfloat16
@@ -326,6 +335,12 @@ def extra_cache_supported(arch: Arch | None) -> bool:
     return arch is None or arch.backend == "cuda"
 
 
+def wgmma_ws_shared_bytes(cfg: AttentionConfig) -> int:
+    """Shared memory of a wgmma_ws build (kernels_wgmma_ws.py's buffers, and 1 KB for the compiler's scratch): the
+    bf16 tile buffers (576 values a row), q, the transposed probabilities and the buffers' mbarriers."""
+    return cfg.num_stages * cfg.block_n * 576 * 2 + cfg.block_h * 576 * 2 + cfg.block_n * cfg.block_h * 2 + 1024
+
+
 def wgmma_t_shared_bytes(cfg: AttentionConfig, fp8: bool) -> int:
     """Shared memory of a wgmma_t build (kernels_wgmma_t.py's buffers, and 1 KB for the compiler's reduction
     scratch): the stages' rows (fp8_ds_mla: latent bytes, scales, bf16 RoPE; else 576 16-bit values), fp8_ds_mla's
@@ -341,7 +356,25 @@ def gluon_config_problem(cfg: AttentionConfig, kv_format: str | None = None, arc
     warpgroup (or two, each with half the heads) with at least two stages, within ``arch``'s shared memory for
     ``kv_format`` (when both are given); mma2 runs 16-, 32- or 64-head blocks of 32- or 64-row tiles on 4 or 8 warps
     (what the GPU tier covers); none takes the tl kernel's low-register variant."""
-    if cfg.family == "wgmma_t":
+    if cfg.family == "wgmma_ws":
+        if cfg.block_h not in (8, 16, 32) or cfg.num_warps not in (8, 12):
+            return (f"block_h / num_warps: the wgmma_ws kernel runs block_h 8, 16 or 32 on 8 or 12 warps (4 consumer "
+                    f"warps, the rest producers), got {cfg.block_h} / {cfg.num_warps}")
+        if cfg.block_n != 64:
+            return f"block_n: the wgmma_ws kernel takes 64 (the rows of a warpgroup MMA), got {cfg.block_n}"
+        if cfg.num_stages < 2:
+            return f"num_stages: the wgmma_ws kernel needs at least 2 tile buffers, got {cfg.num_stages}"
+        if cfg.f16_dot:
+            return "f16_dot: the wgmma_ws kernel dots bf16 tiles of exact values only"
+        if kv_format is not None and cache_class(kv_format) not in WS_CACHE_CLASSES:
+            return f"kv_format: the wgmma_ws kernel reads {' or '.join(WS_CACHE_CLASSES)}, got {kv_format!r}"
+        if arch is not None:
+            need = wgmma_ws_shared_bytes(cfg)
+            if need > arch.shared_bytes:
+                return (f"num_stages / block_h: the wgmma_ws kernel with {cfg.num_stages} tile buffers and "
+                        f"{cfg.block_h}-head blocks needs {need} bytes of shared memory, {arch.name} has "
+                        f"{arch.shared_bytes}")
+    elif cfg.family == "wgmma_t":
         if cfg.block_h not in (8, 16, 32) or cfg.num_warps not in (4, 8) or cfg.block_h // (cfg.num_warps // 4) < 8:
             return (f"block_h / num_warps: the wgmma_t kernel runs block_h 8, 16 or 32 on 4 warps (16 or 32 on 8), got "
                     f"{cfg.block_h} / {cfg.num_warps}")
@@ -406,13 +439,14 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     given = dict(overrides)
     family = overrides.pop("family", None)
     if family not in (None, "tl", *GLUON_FAMILIES):
-        raise ValueError(f"family: expected 'tl', 'mma2', 'wgmma' or 'wgmma_t', got {family!r}")
+        raise ValueError(f"family: expected 'tl', 'mma2', 'wgmma', 'wgmma_t' or 'wgmma_ws', got {family!r}")
     key = (head_class(H), cache_class(kv_format))
     if family in GLUON_FAMILIES and not gluon_supported(family, arch, kv_format, q_dtype):
         where = "sm90" if family in HOPPER_FAMILIES else "an NVIDIA GPU from sm80 on"
-        raise ValueError(f"family: the {family} kernel needs {where} and a bf16/fp16 cache read as stored, "
-                         f"fp8_ds_mla or fp8_ds_mla_v4 with bf16 q; got {arch.name if arch else 'no GPU'}, {kv_format}, "
-                         f"q {q_dtype}")
+        reads = ("fp8_ds_mla with bf16 q" if family == "wgmma_ws" else
+                 "a bf16/fp16 cache read as stored, fp8_ds_mla or fp8_ds_mla_v4 with bf16 q")
+        raise ValueError(f"family: the {family} kernel needs {where} and {reads}; got "
+                         f"{arch.name if arch else 'no GPU'}, {kv_format}, q {q_dtype}")
     if key[1] == "fp8_ds_mla_v4" and not interpreting() and not v4_supported(arch):
         raise ValueError(f"kv_format: 'fp8_ds_mla_v4' is not built for {arch.name} (its build spills registers there: "
                          f"the compile matrix), got {kv_format!r}")

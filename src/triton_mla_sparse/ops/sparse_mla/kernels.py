@@ -568,6 +568,17 @@ def _read_view(p: AttentionProblem, cache: torch.Tensor) -> torch.Tensor:
     return cache.view(torch.uint8) if p.kv_format == "fp8_e4m3" else cache
 
 
+def ws_constexprs(cfg: AttentionConfig) -> dict:
+    """The warp-specialised kernel's partition constexprs: producer warps (``num_warps`` - 4), their registers and
+    how many tiles they hold ahead."""
+    import os
+
+    warps = cfg.num_warps - 4
+    regs = int(os.environ.get("TMS_WS_REGS", "232" if warps == 4 else "128"))
+    return dict(WS_WARPS=warps, WS_REGS=regs,
+                WS_PREFETCH=os.environ.get("TMS_WS_PREFETCH", "0") == "1")
+
+
 def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tensor,
                       lse: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the kernel(s) of ``cfg`` for the validated problem ``p`` (an ``AttentionProblem``), writing ``out``
@@ -614,6 +625,8 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
             from .kernels_wgmma import launch_fwd_wgmma as launch
         elif cfg.family == "wgmma_t":
             from .kernels_wgmma_t import launch_fwd_wgmma_t as launch
+        elif cfg.family == "wgmma_ws":
+            from .kernels_wgmma_ws import launch_fwd_wgmma_ws as launch
         else:
             from .kernels_mma2 import launch_fwd_mma2 as launch
 
@@ -624,8 +637,13 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
         if cfg.family == "wgmma_t":
             common["OVERLAP"] = cfg.overlap and fmt in (FMT_FP8_DS_MLA, FMT_FP8_V4)
         opts = dict(num_warps=cfg.num_warps, num_stages=1)
+        if cfg.family == "wgmma_ws":
+            common.update(ws_constexprs(cfg))
+            opts["num_warps"] = 4  # the consumer (default partition); the producer's warps are a constexpr
     if cfg.max_registers is not None:
         opts["maxnreg"] = cfg.max_registers
+    elif cfg.family == "wgmma_ws" and cfg.num_warps > 8:  # the register file split over all the warps
+        opts["maxnreg"] = 65536 // (32 * cfg.num_warps) // 8 * 8
     args = (q_nope, q_pe, kv, p.indices, topk_len, sink, k_scale_t)
     qstrides = (q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
                 kv.stride(0), _row_stride(kv, fmt), p.indices.stride(0), p.indices.stride(1), topk_len.stride(0),
