@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16: the warp-specialised fp8_ds_mla kernel (wgmma_ws) on the GPU machine: its GPU tests, then graph-replay
 # times against the table's choice (wgmma_t) and FlashMLA fp8 in one process (sweep.py). Carry .peers.
-#   OUT=... bash benchmarks/scripts/ab_ws.sh [CASES] [CONFIGS-JSON]
+#   OUT=... [SKIP_TESTS=1] [MEMCHECK=1] bash benchmarks/scripts/ab_ws.sh [CASES] [CONFIGS-JSON]
 set -u
 PY="$(command -v python3 || command -v python)"
 OUT="${OUT:-$PWD/.device-out}"
@@ -16,3 +16,9 @@ if [ "${SKIP_TESTS:-0}" != "1" ]; then
 fi
 timeout "${SWEEP_TIMEOUT:-280}" "$PY" benchmarks/scripts/sweep.py --graph --peers .peers --cases "$CASES" \
     --formats fp8_ds_mla --configs "$CONFIGS" --out "$OUT/ws-sweep.json" 2>&1 | tee "$OUT/ws-sweep.txt"
+if [ "${MEMCHECK:-0}" = "1" ]; then  # the family's memcheck cases (tests/gpu/test_gpu_reliability.py) under memcheck
+    CS="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)"
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${MEMCHECK_TIMEOUT:-240}" "$CS" --tool memcheck --error-exitcode 1 \
+        --padding 4096 "$PY" -m pytest -q -rs -p no:cacheprovider -m memcheck tests/gpu/test_gpu_reliability.py \
+        -k wgmma_ws 2>&1 | tail -20 | tee "$OUT/ws-memcheck.txt"
+fi

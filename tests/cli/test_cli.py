@@ -77,7 +77,8 @@ def test_info_without_a_gpu_and_for_an_arch():
     assert "integer decode" in r.stdout  # sm86 has no native e4m3 conversion
     assert "+pdl" not in r.stdout
     r = run_cli("info", "--arch", "sm90")  # the entry whose combine is a programmatic dependent launch says so
-    assert r.returncode == 0 and "fp8_ds_mla: wgmma_t bh16 bn64 w4 s2/prefill s3 x1 +overlap +pdl" in r.stdout, r.stdout
+    assert r.returncode == 0 and "fp8_ds_mla: wgmma_t bh16 bn64 w4 s2 x1 +overlap +pdl waves<=1; prefill wgmma_ws " \
+        "bh16 bn64 w12 s2 x1" in r.stdout, r.stdout
     r = run_cli("info", "--arch", "sm42")
     assert r.returncode == 2 and "unknown architecture 'sm42'" in r.stdout
 

@@ -135,7 +135,7 @@ def test_family_override(on_gpu):
         choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm86, family="wgmma_t")
     # the warp-specialised kernel: sm90 and fp8_ds_mla only, 64-row tiles, one consumer warpgroup
     cfg = choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=sm90, family="wgmma_ws")
-    assert (cfg.family, cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages) == ("wgmma_ws", 16, 64, 8, 2)
+    assert (cfg.family, cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages) == ("wgmma_ws", 16, 64, 12, 2)
     for fmt, arch in (("bf16", sm90), ("fp8_ds_mla_v4", sm90), ("fp8_ds_mla", sm86)):
         with pytest.raises(ValueError, match="family: the wgmma_ws kernel needs sm90 and fp8_ds_mla"):
             choose_config(64, 16, 2048, CPU, kv_format=fmt, arch=arch, family="wgmma_ws")
@@ -149,7 +149,9 @@ def test_family_override(on_gpu):
         choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm90, family="wgmma_t", num_stages=3)
     assert choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=sm90, num_stages=3).family == "tl"
     assert choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=sm90, kernel="prefill",
-                         block_h=32).family == "tl"  # the class's three prefill stages at 32 heads: 233 KB
+                         block_h=32).family == "wgmma_ws"  # the class's prefill entry, two tile buffers: 189 KB
+    assert choose_config(64, 16, 2048, CPU, kv_format="fp8_ds_mla", arch=sm90, kernel="prefill", block_h=32,
+                         num_stages=3).family == "tl"  # three tile buffers at 32 heads: 262 KB
     assert choose_config(64, 32, 2048, CPU, kv_format="fp8_ds_mla", arch=sm90, family="wgmma_t").num_stages == 2
     for over, field in (({"block_n": 32}, "block_n"), ({"num_warps": 2}, "num_warps"), ({"block_h": 64}, "block_h"),
                         ({"block_h": 8, "num_warps": 8}, "num_warps"),

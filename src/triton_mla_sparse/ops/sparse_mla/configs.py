@@ -199,7 +199,7 @@ GLUON_TABLE["sm120"] = GLUON_TABLE["sm86"]
 # what a forced family runs where the table has no entry of it
 _GLUON_DEFAULT = {"mma2": _M(16, 32, 4, 2, 1), "wgmma": _W(64, 64, 8, 2, 1),
                   "wgmma_t": _T(16, 64, 4, 2, 1, max_waves=1, overlap=True),
-                  "wgmma_ws": _WS(16, 64, 8, 2, 1, max_waves=1)}
+                  "wgmma_ws": _WS(16, 64, 12, 2, 1)}
 
 # Head blocks a target cannot build: on sm100/sm110 a 64-head block's accumulators need 576 of the 512 tensor-memory
 # columns (triton 3.9 compiles it to a bare trap, 3.6 asks 451 KB of shared memory); on RDNA it spills registers.

@@ -569,14 +569,11 @@ def _read_view(p: AttentionProblem, cache: torch.Tensor) -> torch.Tensor:
 
 
 def ws_constexprs(cfg: AttentionConfig) -> dict:
-    """The warp-specialised kernel's partition constexprs: producer warps (``num_warps`` - 4), their registers and
-    how many tiles they hold ahead."""
-    import os
-
+    """The warp-specialised kernel's partition constexprs: its producer warps (``num_warps`` - 4) and their
+    registers per thread — 232 for 4, 128 for 8 (with the launch's maxnreg 168), the largest without spills (the
+    compile matrix) — the consumer takes the rest."""
     warps = cfg.num_warps - 4
-    regs = int(os.environ.get("TMS_WS_REGS", "232" if warps == 4 else "128"))
-    return dict(WS_WARPS=warps, WS_REGS=regs,
-                WS_PREFETCH=os.environ.get("TMS_WS_PREFETCH", "0") == "1")
+    return dict(WS_WARPS=warps, WS_REGS=232 if warps == 4 else 128)
 
 
 def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tensor,

@@ -103,18 +103,6 @@ def _tile_rows(pos0, ids, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t, st
 
 
 @gluon.jit
-def _prefetch_rows(p_row):
-    """``prefetch.global.L2`` of every 128-byte line a 656-byte row touches (offsets 0, 128, .., 640 and its last
-    byte): the rows of a tile two steps ahead, fetched into L2 without holding registers."""
-    LP: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [gl.num_warps(), 1], [1, 0])
-    o_p = gl.arange(0, 8, gl.SliceLayout(0, LP))
-    off = gl.minimum(o_p * 128, 655)
-    p = gl.convert_layout(p_row, gl.SliceLayout(1, LP))[:, None] + off[None, :]
-    gl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [p], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
 def _load_tile(pos0, ids, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k, num_slots, block_size,
                stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t, stride_idx2_k, num_slots2,
                block_size2, stride_kv2_blk, stride_kv2_row, HAS_ROPE: gl.constexpr, HAS_EXTRA: gl.constexpr):
@@ -173,8 +161,8 @@ def _producer(i_t, i_s, kv_ptr, idx_ptr, topk_len_ptr, stride_kv_blk, stride_kv_
               stride_tl, topk, num_slots, block_size, split_len, kv2_ptr, idx2_ptr, topk_len2_ptr, stride_kv2_blk,
               stride_kv2_row, stride_idx2_t, stride_idx2_k, stride_tl2, topk2, num_slots2, block_size2,
               deq_s, rope_s, full_b, empty_b, HAS_ROPE: gl.constexpr, HAS_TOPK_LEN: gl.constexpr,
-              HAS_EXTRA: gl.constexpr, HAS_TOPK_LEN2: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              PREFETCH: gl.constexpr):
+              HAS_EXTRA: gl.constexpr, HAS_TOPK_LEN2: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr):
     """The worker partition: raw rows -> registers (the tile after the one being written; slot ids one tile
     further) -> exact bf16 tiles in the ``STAGES`` buffers, in order. Slot ids past the range are -1: nothing is
     read for them."""
@@ -202,12 +190,6 @@ def _producer(i_t, i_s, kv_ptr, idx_ptr, topk_len_ptr, stride_kv_blk, stride_kv_
                       num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t,
                       stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, BLOCK_N, ROW,
                       HAS_EXTRA)
-        if PREFETCH:  # tile t + 2's rows into L2: its loads, issued next step, then wait on L2, not DRAM
-            p_nx, m_nx = _tile_rows(pos1 + BLOCK_N, ids, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
-                                    stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr,
-                                    idx2_ptr, stride_idx2_t, stride_idx2_k, num_slots2, block_size2,
-                                    stride_kv2_blk, stride_kv2_row, HAS_EXTRA)
-            _prefetch_rows(p_nx)
         _write_tile(t, r0, s0, r1, s1, r2, s2, r3, s3, rope, deq_s, rope_s, full_b, empty_b, HAS_ROPE, STAGES)
         r0, s0, r1, s1, r2, s2, r3, s3, rope = q0, u0, q1, u1, q2, u2, q3, u3, qr
 
@@ -287,7 +269,7 @@ def _sparse_mla_fwd_wgmma_ws(
     SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     SW_FP8: gl.constexpr, F16_DOT: gl.constexpr, PDL: gl.constexpr,
     HAS_EXTRA: gl.constexpr, HAS_TOPK_LEN2: gl.constexpr,
-    WS_WARPS: gl.constexpr, WS_REGS: gl.constexpr, WS_PREFETCH: gl.constexpr,
+    WS_WARPS: gl.constexpr, WS_REGS: gl.constexpr,
 ):
     gl.static_assert(FMT == 2, "the warp-specialised kernel reads fp8_ds_mla rows")
     gl.static_assert(not SW_FP8, "sm90 converts e4m3 in hardware")
@@ -328,7 +310,7 @@ def _sparse_mla_fwd_wgmma_ws(
                      stride_idx_k, stride_tl, topk, num_slots, block_size, split_len, kv2_ptr, idx2_ptr,
                      topk_len2_ptr, stride_kv2_blk, stride_kv2_row, stride_idx2_t, stride_idx2_k, stride_tl2, topk2,
                      num_slots2, block_size2, deq_s, rope_s, full_b, empty_b, HAS_ROPE, HAS_TOPK_LEN, HAS_EXTRA,
-                     HAS_TOPK_LEN2, BLOCK_N, STAGES, WS_PREFETCH)),
+                     HAS_TOPK_LEN2, BLOCK_N, STAGES)),
     ], [WS_WARPS], [WS_REGS])
 
 
