@@ -7,9 +7,9 @@ as FlashMLA's sm90 kernels split it:
 
 * the **producer** (a worker partition of ``WS_WARPS`` warps: the config's ``num_warps`` less the consumer's 4)
   loads a tile's raw 656-byte rows straight into registers as int32 words (16-byte loads, one tile ahead of the one
-  it dequantises, slot ids two tiles ahead), waits until the
-  consumer has released one of the ``STAGES`` bf16 tile buffers, writes the tile's exact values (e4m3 × its row's
-  chunk scale) and RoPE part there and signals the buffer full (an mbarrier);
+  it dequantises, slot ids two tiles ahead), waits until the consumer has released one of the ``STAGES`` bf16 tile
+  buffers, writes the tile's exact values (e4m3 × its row's chunk scale) and RoPE part there and signals the buffer
+  full (an mbarrier);
 * the **consumer** (the default partition, one warpgroup) waits for a full buffer and runs what wgmma_t runs on it:
   transposed scores ``K_tile · qᵀ`` (M = the tile's 64 rows, N = the heads), the online softmax along the rows, the
   transposed output ``Vᵀ · Pᵀ`` into four ``[128, BLOCK_H]`` accumulators, then releases the buffer.
@@ -32,7 +32,6 @@ from ..._common.launch import CachedLauncher
 from ..._common.pdl import launch_dependents as _launch_dependents
 from .kernels_mma2 import LATENT, ROPE, _barrier, _ids_at, _mask_slots, _q_to_shared, _row_range, _src
 from .kernels_wgmma_t import _pt_layout, _pv_t, _scores_t, _softmax_t, _store_outputs_t, _t_layout, _zero
-
 
 
 @constexpr_function
@@ -131,7 +130,7 @@ def _store_chunk(deq_s, raw, sc, C: gl.constexpr):
     o0, o1, o2, o3 = gl.inline_asm_elementwise(_DEQ4, "=h,=h,=h,=h,r,r", [raw, sc[:, None]],
                                                dtype=(gl.bfloat16, gl.bfloat16, gl.bfloat16, gl.bfloat16),
                                                is_pure=True, pack=1)
-    v = gl.join(gl.join(o0, o2), gl.join(o1, o3))  # [rows, words, 2, 2]: byte 2·k + q of a word at [.., q, k]
+    v = gl.join(gl.join(o0, o2), gl.join(o1, o3))  # [rows, words, 2, 2]: byte 2·q + k of a word at [.., q, k]
     deq_s.slice(C * 128, 128, dim=1).store(gl.reshape(v, [raw.shape[0], 128]))
 
 
