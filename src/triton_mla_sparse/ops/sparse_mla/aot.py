@@ -77,10 +77,8 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
         if cfg.family == "wgmma_t":
             const["OVERLAP"] = cfg.overlap and fmt in (K.FMT_FP8_DS_MLA, K.FMT_FP8_V4)
         if cfg.family == "wgmma_ws":
-            const.update(K.ws_constexprs(cfg))
-            warps = 4
-            if regs is None and cfg.num_warps > 8:
-                regs = 65536 // (32 * cfg.num_warps) // 8 * 8
+            ws_const, warps, regs = K.ws_build(cfg)
+            const.update(ws_const)
         return compile_kernel(fn, sig, const, divisible, arch, warps, 1,
                               ones=("stride_idx_k", "stride_idx2_k"), max_registers=regs)
     const = dict(FMT=fmt, CONVERT=fmt == K.FMT_NATIVE and kv_type != f"*{q_dtype}", HAS_ROPE=has_rope,

@@ -568,12 +568,17 @@ def _read_view(p: AttentionProblem, cache: torch.Tensor) -> torch.Tensor:
     return cache.view(torch.uint8) if p.kv_format == "fp8_e4m3" else cache
 
 
-def ws_constexprs(cfg: AttentionConfig) -> dict:
-    """The warp-specialised kernel's partition constexprs: its producer warps (``num_warps`` - 4) and their
-    registers per thread — 232 for 4, 128 for 8 (with the launch's maxnreg 168), the largest without spills (the
-    compile matrix) — the consumer takes the rest."""
+def ws_build(cfg: AttentionConfig) -> tuple[dict, int, int | None]:
+    """How the warp-specialised kernel is built for ``cfg`` (launch and ahead-of-time builds alike): its partition
+    constexprs — producer warps (``num_warps`` - 4) and their registers per thread, 232 for 4 and 128 for 8, the
+    largest without spills (the compile matrix); the consumer takes the rest —, the launch's warps (the consumer's
+    4: the producers are a constexpr) and its maxnreg (``cfg.max_registers``, else with 12 warps the register file
+    split over all of them)."""
     warps = cfg.num_warps - 4
-    return dict(WS_WARPS=warps, WS_REGS=232 if warps == 4 else 128)
+    regs = cfg.max_registers
+    if regs is None and cfg.num_warps > 8:
+        regs = 65536 // (32 * cfg.num_warps) // 8 * 8
+    return dict(WS_WARPS=warps, WS_REGS=232 if warps == 4 else 128), 4, regs
 
 
 def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tensor,
@@ -634,13 +639,12 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
         if cfg.family == "wgmma_t":
             common["OVERLAP"] = cfg.overlap and fmt in (FMT_FP8_DS_MLA, FMT_FP8_V4)
         opts = dict(num_warps=cfg.num_warps, num_stages=1)
-        if cfg.family == "wgmma_ws":
-            common.update(ws_constexprs(cfg))
-            opts["num_warps"] = 4  # the consumer (default partition); the producer's warps are a constexpr
-    if cfg.max_registers is not None:
-        opts["maxnreg"] = cfg.max_registers
-    elif cfg.family == "wgmma_ws" and cfg.num_warps > 8:  # the register file split over all the warps
-        opts["maxnreg"] = 65536 // (32 * cfg.num_warps) // 8 * 8
+    regs = cfg.max_registers
+    if cfg.family == "wgmma_ws":
+        ws_const, opts["num_warps"], regs = ws_build(cfg)
+        common.update(ws_const)
+    if regs is not None:
+        opts["maxnreg"] = regs
     args = (q_nope, q_pe, kv, p.indices, topk_len, sink, k_scale_t)
     qstrides = (q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
                 kv.stride(0), _row_stride(kv, fmt), p.indices.stride(0), p.indices.stride(1), topk_len.stride(0),

@@ -129,6 +129,30 @@ def _pv_t(k_t, p_t, C: gl.constexpr, acc):
 
 
 @gluon.jit
+def _pv_all_t(k_t, p_t, b_alpha, b_a0, b_a1, b_a2, b_a3):
+    """Issue the four output MMAs of a tile, each accumulator first rescaled by ``b_alpha`` (not waited for)."""
+    b_a0 = _pv_t(k_t, p_t, 0, b_a0 * b_alpha[None, :])
+    b_a1 = _pv_t(k_t, p_t, 1, b_a1 * b_alpha[None, :])
+    b_a2 = _pv_t(k_t, p_t, 2, b_a2 * b_alpha[None, :])
+    b_a3 = _pv_t(k_t, p_t, 3, b_a3 * b_alpha[None, :])
+    return b_a0, b_a1, b_a2, b_a3
+
+
+@gluon.jit
+def _acc_init_t(BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, A_L: gl.constexpr):
+    """The softmax state and output accumulators before the first tile, in the accumulator layout ``A_L``: max -inf
+    per head, each thread's partial sums and the four ``[128, BLOCK_H]`` output chunks at 0."""
+    HEADS: gl.constexpr = gl.SliceLayout(0, A_L)
+    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
+    b_l = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, A_L)  # each thread's partial sums, added up after the loop
+    b_a0 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
+    b_a1 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
+    b_a2 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
+    b_a3 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
+    return b_m, b_l, b_a0, b_a1, b_a2, b_a3
+
+
+@gluon.jit
 def _softmax_t(b_s, idx_c, num_slots, qk_scale, b_m, b_l):
     """One tile of the online softmax (base 2) along the rows of the transposed scores ``b_s`` [rows, heads]:
     invalid slot ids score -inf; returns the probabilities, the rescale of what came before, the running max and
@@ -163,6 +187,19 @@ def _store_outputs_t(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_
     gl.store(p_o + (1 * 128 + o_d)[:, None], (b_a1 * b_inv[None, :]).to(ty), mask=m_h[None, :])
     gl.store(p_o + (2 * 128 + o_d)[:, None], (b_a2 * b_inv[None, :]).to(ty), mask=m_h[None, :])
     gl.store(p_o + (3 * 128 + o_d)[:, None], (b_a3 * b_inv[None, :]).to(ty), mask=m_h[None, :])
+
+
+@gluon.jit
+def _finish_t(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s,
+              stride_l_h, stride_sink, o_h, m_h, o_d, b_m, b_l, b_a0, b_a1, b_a2, b_a3, SPLIT: gl.constexpr,
+              HAS_SINK: gl.constexpr):
+    """After the loop: the threads' partial sums added up, the output normalised and written with the lse
+    (:func:`_store_outputs_t`); an empty range (no valid entry) gives 0 and lse -inf."""
+    b_sum = gl.sum(b_l, 0)
+    b_inv = gl.where(b_sum > 0, 1.0 / b_sum, 0.0)
+    b_lse2 = gl.where(b_sum > 0, b_m + gl.log2(b_sum), float("-inf"))
+    _store_outputs_t(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s,
+                     stride_l_h, stride_sink, o_h, m_h, o_d, b_inv, b_lse2, b_a0, b_a1, b_a2, b_a3, SPLIT, HAS_SINK)
 
 
 @gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len", "topk2", "num_slots2"])
@@ -219,12 +256,7 @@ def _sparse_mla_fwd_wgmma_t(
     o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, HEADS)
     m_h = o_h < H
     o_d = gl.arange(0, 128, ROWS)
-    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
-    b_l = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, A_L)  # each thread's partial sums, added up after the loop
-    b_a0 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
-    b_a1 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
-    b_a2 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
-    b_a3 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
+    b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _acc_init_t(BLOCK_N, BLOCK_H, A_L)
 
     if FMT >= 2 and OVERLAP:
         # fp8_ds_mla / V4 pages, software-pipelined: tile t + 1 is dequantised chunk by chunk while the output MMAs of
@@ -273,10 +305,7 @@ def _sparse_mla_fwd_wgmma_t(
                           stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, raw_s,
                           rope_s, sc_s, st, FMT, HAS_ROPE, HAS_EXTRA)
             _ac.commit_group()
-            b_a0 = _pv_t(k_t, p_t, 0, b_a0 * b_alpha[None, :])
-            b_a1 = _pv_t(k_t, p_t, 1, b_a1 * b_alpha[None, :])
-            b_a2 = _pv_t(k_t, p_t, 2, b_a2 * b_alpha[None, :])
-            b_a3 = _pv_t(k_t, p_t, 3, b_a3 * b_alpha[None, :])
+            b_a0, b_a1, b_a2, b_a3 = _pv_all_t(k_t, p_t, b_alpha, b_a0, b_a1, b_a2, b_a3)
             more = t + 1 < n_tiles
             st1 = (t + 1) % STAGES
             b_a0 = _dequant_after_pv(b_a0, 3, more, raw_s, sc_s, rope_s, k_t, st1, 0, FMT, SW_FP8)
@@ -323,20 +352,14 @@ def _sparse_mla_fwd_wgmma_t(
             p_t.store(b_p.to(dt))
             hopper.fence_async_shared()
             _barrier()  # every warp's probabilities in place
-            b_a0 = _pv_t(k_t, p_t, 0, b_a0 * b_alpha[None, :])
-            b_a1 = _pv_t(k_t, p_t, 1, b_a1 * b_alpha[None, :])
-            b_a2 = _pv_t(k_t, p_t, 2, b_a2 * b_alpha[None, :])
-            b_a3 = _pv_t(k_t, p_t, 3, b_a3 * b_alpha[None, :])
+            b_a0, b_a1, b_a2, b_a3 = _pv_all_t(k_t, p_t, b_alpha, b_a0, b_a1, b_a2, b_a3)
             b_a0, b_a1, b_a2, b_a3 = hopper.warpgroup_mma_wait(0, deps=[b_a0, b_a1, b_a2, b_a3])
     _ac.wait_group(0)  # no copy may outlive the program's shared memory
     if PDL:  # the combine kernel may start (and wait for this grid) once every program has left its loop
         _launch_dependents()
 
-    b_sum = gl.sum(b_l, 0)
-    b_inv = gl.where(b_sum > 0, 1.0 / b_sum, 0.0)
-    b_lse2 = gl.where(b_sum > 0, b_m + gl.log2(b_sum), float("-inf"))
-    _store_outputs_t(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s,
-                     stride_l_h, stride_sink, o_h, m_h, o_d, b_inv, b_lse2, b_a0, b_a1, b_a2, b_a3, SPLIT, HAS_SINK)
+    _finish_t(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s,
+              stride_l_h, stride_sink, o_h, m_h, o_d, b_m, b_l, b_a0, b_a1, b_a2, b_a3, SPLIT, HAS_SINK)
 
 
 launch_fwd_wgmma_t = CachedLauncher(_sparse_mla_fwd_wgmma_t)

@@ -31,7 +31,8 @@ from triton.runtime.jit import constexpr_function
 from ..._common.launch import CachedLauncher
 from ..._common.pdl import launch_dependents as _launch_dependents
 from .kernels_mma2 import LATENT, ROPE, _barrier, _ids_at, _mask_slots, _q_to_shared, _row_range, _src
-from .kernels_wgmma_t import _pt_layout, _pv_t, _scores_t, _softmax_t, _store_outputs_t, _t_layout, _zero
+from .kernels_wgmma_t import (_acc_init_t, _finish_t, _pt_layout, _pv_all_t, _scores_t, _softmax_t, _t_layout,
+                              _zero)
 
 
 @constexpr_function
@@ -214,12 +215,7 @@ def _consumer(i_t, i_s, i_hb, idx_ptr, topk_len_ptr, sink_ptr, out_ptr, lse_ptr,
     o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, HEADS)
     m_h = o_h < H
     o_d = gl.arange(0, 128, ROWS)
-    b_m = gl.full([BLOCK_H], float("-inf"), gl.float32, HEADS)
-    b_l = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, A_L)  # each thread's partial sums, added up after the loop
-    b_a0 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
-    b_a1 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
-    b_a2 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
-    b_a3 = gl.zeros([128, BLOCK_H], gl.float32, A_L)
+    b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _acc_init_t(BLOCK_N, BLOCK_H, A_L)
     for t in range(0, n_tiles):
         j = t % STAGES
         # this tile's slot ids along the score rows, for the mask (requested before the wait)
@@ -236,20 +232,14 @@ def _consumer(i_t, i_s, i_hb, idx_ptr, topk_len_ptr, sink_ptr, out_ptr, lse_ptr,
         p_t.store(b_p.to(dt))
         hopper.fence_async_shared()
         _barrier()  # every consumer warp's probabilities in place
-        b_a0 = _pv_t(k_t, p_t, 0, b_a0 * b_alpha[None, :])
-        b_a1 = _pv_t(k_t, p_t, 1, b_a1 * b_alpha[None, :])
-        b_a2 = _pv_t(k_t, p_t, 2, b_a2 * b_alpha[None, :])
-        b_a3 = _pv_t(k_t, p_t, 3, b_a3 * b_alpha[None, :])
+        b_a0, b_a1, b_a2, b_a3 = _pv_all_t(k_t, p_t, b_alpha, b_a0, b_a1, b_a2, b_a3)
         b_a0, b_a1, b_a2, b_a3 = hopper.warpgroup_mma_wait(0, deps=[b_a0, b_a1, b_a2, b_a3])
         _barrier()  # every warp's MMAs done with the buffer (and the probabilities) before it is released
         mbarrier.arrive(empty_b.index(j), count=1)
     if PDL:  # the combine kernel may start (and wait for this grid) once every program has left its loop
         _launch_dependents()
-    b_sum = gl.sum(b_l, 0)
-    b_inv = gl.where(b_sum > 0, 1.0 / b_sum, 0.0)
-    b_lse2 = gl.where(b_sum > 0, b_m + gl.log2(b_sum), float("-inf"))
-    _store_outputs_t(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s,
-                     stride_l_h, stride_sink, o_h, m_h, o_d, b_inv, b_lse2, b_a0, b_a1, b_a2, b_a3, SPLIT, HAS_SINK)
+    _finish_t(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s,
+              stride_l_h, stride_sink, o_h, m_h, o_d, b_m, b_l, b_a0, b_a1, b_a2, b_a3, SPLIT, HAS_SINK)
 
 
 @gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len", "topk2", "num_slots2"])
