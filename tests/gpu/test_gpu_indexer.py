@@ -178,14 +178,15 @@ def _adversarial_rows(L: int, g: torch.Generator) -> torch.Tensor:
 def test_split_select_long_adversarial_rows(topk):
     """The split select at its sm90 configuration on rows long enough for the bound pass (> 8 chunks of 8192):
     the selected logits equal torch.topk's as sorted value sets (NaN ranks highest), -1 only for missing ones."""
-    from triton_mla_sparse.ops.indexer.configs import IndexerConfig
+    from triton_mla_sparse.capabilities import ARCHS
+    from triton_mla_sparse.ops.topk import select_config_for
     from triton_mla_sparse.ops.topk.split_select import launch_split_select
 
     g = torch.Generator(device="cuda").manual_seed(topk)
     L = 131072 + 77  # a partial last chunk
     x = _adversarial_rows(L, g)
-    cfg = IndexerConfig(block_h=64, block_k=128, chunk_tiles=16, rows_per_program=1, num_warps=4, num_stages=2,
-                        use_fp8_dot=True, dot_bf16=False, sw_fp8=False, select="split")
+    cfg = select_config_for(ARCHS["sm90"])
+    assert cfg.select == "split"
     out = torch.full((x.shape[0], topk), 777, dtype=torch.int32, device="cuda")
     launch_split_select(x, out, topk, cfg)
     for t in range(x.shape[0]):

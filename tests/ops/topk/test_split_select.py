@@ -15,12 +15,20 @@ from topk_checks import assert_topk_matches
 
 from triton_mla_sparse.ops.topk import split_select as S
 from triton_mla_sparse.ops.topk import torch_select
+from triton_mla_sparse.ops.topk.configs import SelectConfig
 from triton_mla_sparse.ops.topk.split_select import launch_split_select
 
 
-def test_select_kernel_special_values():
+def _cfg(chunk: int, block: int, bound: bool, min_chunks: int, tail: int = 1024) -> SelectConfig:
+    return SelectConfig(select="split", split_chunk=chunk, split_block=block, split_tail=tail, bound=bound,
+                        bound_min_chunks=min_chunks)
+
+
+@pytest.mark.parametrize("tail", (4, 1024))
+def test_select_kernel_special_values(tail):
     """The split selection alone on crafted rows: ±0, +inf, huge and tiny magnitudes, negatives, many ties, a row
-    of equal values (its whole width in one histogram bin)."""
+    of equal values (its whole width in one histogram bin); ``tail`` 4: boundary bins of more keys than the last
+    program's step (read again per radix pass), 1024: every bin read once into registers."""
     rows = [
         [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, 3e38, -3e38, 1e-40, -1e-40],
         [-5.0] * 7 + [-math.inf] * 3,
@@ -31,40 +39,30 @@ def test_select_kernel_special_values():
     x = torch.cat([x, torch.randn(3, 10)], 0)
     x = torch.cat([x, torch.full((x.shape[0], 190), -math.inf)], 1)  # several chunks
     x = x[:, torch.randperm(200)].contiguous().to(DEVICE)
-
-    class Four:
-        split_chunk, split_block, bound, bound_min_chunks = 64, 32, False, 1  # 200 columns: four chunks of two steps
-
-    class Thirteen:
-        # more chunks than histogram copies (NREP = 8)
-        split_chunk, split_block, bound, bound_min_chunks = 16, 16, False, 1
-
-    class Bounded:
-        split_chunk, split_block, bound, bound_min_chunks = 128, 32, True, 1  # with the bound pass: two chunks
-
+    configs = {
+        "four chunks of two steps": _cfg(64, 32, False, 1, tail),
+        "more chunks than histogram copies (NREP = 8)": _cfg(16, 16, False, 1, tail),
+        "with the bound pass (two chunks)": _cfg(128, 32, True, 1, tail),
+    }
     ties = torch.full((2, 200), 1.5)
     ties[1, ::3] = -math.inf
     x = torch.cat([x, ties.to(DEVICE)], 0)  # one boundary bin holding the whole row
-    for cfg in (Four, Thirteen, Bounded):
+    for name, cfg in configs.items():
         for topk in (1, 3, 6, 9, 12, 150):
             out = torch.full((x.shape[0], topk), 777, dtype=torch.int32, device=DEVICE)
             launch_split_select(x, out, topk, cfg)
-            assert_topk_matches(out, x, topk, what=f"{cfg.__name__} topk={topk}", exact=True)
+            assert_topk_matches(out, x, topk, what=f"{name} topk={topk}", exact=True)
 
 
 def test_split_select_rejects_bad_chunks():
-    class Bad:
-        split_chunk, split_block, bound, bound_min_chunks = 48, 32, False, 1
-
-    class BigBlock:  # two of its counts would not fit one int32
-        split_chunk, split_block, bound, bound_min_chunks = 32768, 32768, False, 1
-
-    class NotPow2:
-        split_chunk, split_block, bound, bound_min_chunks = 384, 128, True, 1
+    bad = _cfg(48, 32, False, 1)
+    big_block = _cfg(32768, 32768, False, 1)  # two of its counts would not fit one int32
+    not_pow2 = _cfg(384, 128, True, 1)
+    bad_tail = _cfg(128, 32, True, 1, tail=48)
 
     x = torch.arange(100, dtype=torch.float32, device=DEVICE)[None]
-    for cfg, match in ((Bad, "multiple of split_block"), (BigBlock, "split_block .32768. must be a power of 2 up to"),
-                       (NotPow2, "must be a power of 2")):
+    for cfg, match in ((bad, "multiple of split_block"), (big_block, "split_block .32768. must be a power of 2 up to"),
+                       (not_pow2, "must be a power of 2"), (bad_tail, "split_tail .48. must be a power of 2")):
         with pytest.raises(ValueError, match=match):
             launch_split_select(x, torch.empty(1, 10, dtype=torch.int32, device=DEVICE), 10, cfg)
 
@@ -72,15 +70,14 @@ def test_split_select_rejects_bad_chunks():
 def test_bound_with_a_partial_last_chunk():
     """The bound pass's last chunk runs past the row (masked positions are not candidates): a falling row whose
     short last chunk holds only small logits still selects the first positions."""
-    class Cfg:
-        split_chunk, split_block, bound, bound_min_chunks = 128, 32, True, 1
+    cfg = _cfg(128, 32, True, 1)
 
     x = torch.cat([-1 - torch.arange(128) / 128, torch.full((72,), -10.0)])[None].repeat(2, 1)
     x[1, 128:] = -math.inf
     x = x.to(DEVICE)
     for topk in (1, 2, 5):
         out = torch.full((2, topk), 777, dtype=torch.int32, device=DEVICE)
-        launch_split_select(x, out, topk, Cfg)
+        launch_split_select(x, out, topk, cfg)
         assert out.cpu().sort(1).values.tolist() == [list(range(topk))] * 2, topk
 
 
@@ -91,8 +88,7 @@ def test_select_nan_ranks_highest_like_the_reference():
     nan_neg = torch.tensor([neg_nan], dtype=torch.int32).view(torch.float32)[0].item()
     x = torch.tensor([[1.0, math.nan, 2.0, -math.inf, nan_neg, 0.5]], dtype=torch.float32, device=DEVICE)
 
-    class Cfg:
-        split_chunk, split_block, bound, bound_min_chunks = 128, 32, True, 1
+    cfg = _cfg(128, 32, True, 1)
 
     for topk in (2, 4, 6):
         want = [1, 4, 2, 0, 5][:topk]  # the candidates (all but the -inf at 3), largest first: NaNs, 2, 1, 0.5
@@ -101,7 +97,7 @@ def test_select_nan_ranks_highest_like_the_reference():
             if name == "torch":
                 torch_select(x, out, topk)
             else:
-                launch_split_select(x, out, topk, Cfg)
+                launch_split_select(x, out, topk, cfg)
             got = out[0].tolist()
             assert sorted(v for v in got if v >= 0) == sorted(want), (name, topk, got)
             assert got.count(-1) == topk - len(want), (name, topk, got)
@@ -119,8 +115,7 @@ def test_topk_bound_counts_enough(topk):
     """The split select's bound pass: per group size, the chunks all of whose groups hold a candidate take part;
     the bound the histogram counts from has at least min(topk, candidates) logits at or above it; on iid rows and
     small top-k it excludes most of the row (or the pass would be useless); the selection stays exact."""
-    class Cfg:
-        split_chunk, split_block, bound, bound_min_chunks = 256, 64, True, 8
+    cfg = _cfg(256, 64, True, 8)
 
     g = torch.Generator().manual_seed(topk)
     L = 2048
@@ -139,7 +134,7 @@ def test_topk_bound_counts_enough(topk):
     T = x.shape[0]
     x = x.to(DEVICE)
     out = torch.full((T, topk), 777, dtype=torch.int32, device=DEVICE)
-    ws, _ = launch_split_select(x, out, topk, Cfg)
+    ws, _ = launch_split_select(x, out, topk, cfg)
     assert_topk_matches(out, x, topk, what=f"topk={topk}", exact=True)
     slots = ws[:, S.NREP * S.NBINS + 10:S.NREP * S.NBINS + 18].cpu().long()
     counted = ws[:, :S.NREP * S.NBINS].sum(1).cpu()

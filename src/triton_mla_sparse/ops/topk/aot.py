@@ -39,7 +39,8 @@ def compile_split_select(arch: Arch, cfg: SelectConfig) -> list[CompiledKernel]:
                        ["x_ptr", "ws_ptr", "stride_x_t"], arch, warps, 1, ("stride_x_p",)),
         compile_kernel(S._topk_hist_kernel, hist_sig, dict(const, NB=S.NBINS, NREP=S.NREP),
                        ["x_ptr", "ws_ptr", "stride_x_t"], arch, warps, 1, ("stride_x_p",)),
-        compile_kernel(S._topk_split_select_kernel, sel_sig, dict(const, NB=S.NBINS, NREP=S.NREP),
+        compile_kernel(S._topk_split_select_kernel, sel_sig, dict(const, TAIL=cfg.split_tail, NB=S.NBINS,
+                                                                   NREP=S.NREP),
                        ["x_ptr", "out_ptr", "ws_ptr", "buf_ptr", "stride_x_t", "stride_o_t", "stride_b_t"], arch,
                        warps, 1, ("stride_x_p", "stride_o_k")),
     ]

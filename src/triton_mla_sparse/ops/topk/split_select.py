@@ -43,6 +43,16 @@ def _sortable_key(x):
     return _sortable_key32(x).to(tl.int64) + 2147483648
 
 
+@triton.jit
+def _cand_bin(x, lo, kbase, shift):
+    """(counted candidate, histogram bin) of logits ``x`` from :func:`_count_from`'s ``lo`` and :func:`_bins`'s
+    ``(kbase, shift)``, on 32-bit keys (the 64-bit keys' order less 2^31: half the registers and instructions of
+    the passes over the row); a non-candidate's bin is meaningless."""
+    key = _sortable_key32(x)
+    off = (key - (kbase - 2147483648).to(tl.int32)).to(tl.uint32, bitcast=True)  # key - kbase, mod 2^32
+    return key >= (lo - 2147483648).to(tl.int32), (off >> shift.to(tl.uint32)).to(tl.int32, bitcast=True)
+
+
 NBINS = 2048  # histogram bins of the split select (over [bound, row max], or the top 11 bits of the sortable key)
 NREP = 8  # copies of each row's histogram (program c adds into copy c % NREP): spreads same-bin atomics
 KEY_NINF = 8388607  # _sortable_key(-inf)
@@ -151,8 +161,8 @@ def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_ch
     for i_b in tl.static_range(CHUNK // BLOCK):  # unrolled: the chunk's loads are in flight together
         o_p = p_start + i_b * BLOCK + o_b
         x = tl.load(x_ptr + i_t * stride_x_t + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf"))
-        key = _sortable_key(x)
-        tl.atomic_add(p_ws + ((key - kbase) >> shift), ones, mask=key >= lo, sem="relaxed")
+        cand, b = _cand_bin(x, lo, kbase, shift)
+        tl.atomic_add(p_ws + b, ones, mask=cand, sem="relaxed")
     tl.debug_barrier()  # every thread's atomics precede the release below
     done = tl.atomic_add(p_s + _HDONE, 1, sem="acq_rel")
     if done == n_chunks - 1:
@@ -170,16 +180,48 @@ def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_ch
         tl.store(p_s + _NBOUND, tl.sum(tl.where(bins == b_thr, hist, 0), 0))
 
 
+@triton.jit
+def _digit_hist(off, m_j, prefix, sh, width):
+    """The histogram of the ``width``-bit digit at bit ``sh`` of the boundary keys ``off`` (relative to the bins'
+    base; ``m_j``: present) that share ``prefix`` above it."""
+    match = m_j & ((off >> (sh + width)) == (prefix >> (sh + width)))
+    return tl.histogram(((off >> sh) & ((1 << width) - 1)).to(tl.int32), 256, mask=match)
+
+
+@triton.jit
+def _pick_digit(hist2, prefix, sh, left):
+    """The digit (at bit ``sh``) of the ``left``-th largest key in ``hist2``, added to ``prefix``, and how many keys
+    at that digit are still to take."""
+    r_above = tl.sum(hist2, 0) - tl.cumsum(hist2, 0)
+    o_256 = tl.arange(0, 256)
+    bb = tl.max(tl.where(r_above + hist2 >= left, o_256, 0), 0)
+    return prefix | (bb.to(tl.int64) << sh), left - tl.sum(tl.where(o_256 == bb, r_above, 0), 0)
+
+
+@triton.jit
+def _emit(key, pos, m_j, tau, left, eq_seen, base, p_o, stride_o_k, topk):
+    """Append the positions ``pos`` whose keys are above ``tau``, and those equal to it while fewer than ``left``
+    were taken (``eq_seen`` before these), at output slot ``base`` on; returns the new ``base`` and ``eq_seen``."""
+    is_eq = m_j & (key == tau)
+    eq_rank = eq_seen + tl.cumsum(is_eq.to(tl.int32), 0) - 1
+    sel = m_j & ((key > tau) | (is_eq & (eq_rank < left)))
+    sel_i = sel.to(tl.int32)
+    dst = base + tl.cumsum(sel_i, 0) - 1
+    tl.store(p_o + dst.to(tl.int64) * stride_o_k, pos, mask=sel & (dst < topk))
+    return base + tl.sum(sel_i, 0), eq_seen + tl.sum(is_eq.to(tl.int32), 0)
+
+
 @triton.jit(do_not_specialize=["L", "topk", "n_chunks"])
 def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, stride_x_p, stride_o_t, stride_o_k,
                               stride_w_t, stride_b_t, L, topk, n_chunks,
-                              CHUNK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, NREP: tl.constexpr):
+                              CHUNK: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr, NB: tl.constexpr,
+                              NREP: tl.constexpr):
     """Split select, step 2 (one program per row and chunk), from step 1's threshold bin b: every program writes
     the positions of its counted candidates above b straight into the output (slots claimed with an atomic
     counter) and those in b into the row's boundary buffer. The row's last program to finish (an acq_rel counter)
     then takes the largest ``need - above(b)`` boundary keys by a radix select on the bits below the bin (up to 3
-    passes over the buffer, usually a small fraction of the row), appends them, and pads the rest of the row with
-    -1."""
+    passes; a boundary bin of at most ``TAIL`` keys, the usual case, is read once and resolved in registers),
+    appends them, and pads the rest of the row with -1."""
     pid = tl.program_id(0)
     i_t = (pid // n_chunks).to(tl.int64)
     p_start = (pid % n_chunks) * CHUNK
@@ -198,9 +240,8 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
     p_end = tl.minimum(p_start + CHUNK, L)
     for p0 in range(p_start, p_end, BLOCK):
         o_p = p0 + o_b
-        key = _sortable_key(tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf")))
-        cand = key >= lo
-        b = ((key - kbase) >> shift).to(tl.int32)
+        cand, b = _cand_bin(tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf")), lo,
+                            kbase, shift)
         gt = (cand & (b > b_thr)).to(tl.int32)
         eq = (cand & (b == b_thr)).to(tl.int32)
         # both counters claimed at once (their round trips overlap); one scan ranks both: gt in the low 16 bits, eq
@@ -214,47 +255,43 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
     tl.debug_barrier()  # every thread's buffer writes precede the release below (explicit on every Triton version)
     done = tl.atomic_add(p_s + _DONE, 1, sem="acq_rel")
     if done == n_chunks - 1:
-        # The boundary bin: n_bound candidate positions in buf; take `take` of them with the largest keys.
-        take = need - n_above
-        prefix = b_thr.to(tl.int64) << shift  # offsets key - kbase; the bin fixes all but the low `shift` bits
-        left = take
-        for d in range(0, (shift + 7) // 8):  # radix passes of up to 8 bits, from the top of the low bits
-            sh = tl.maximum(shift - 8 * (d + 1), 0)
-            width = shift - 8 * d - sh
-            hist2 = tl.zeros([256], dtype=tl.int32)
-            for j0 in range(0, n_bound, BLOCK):
-                o_j = j0 + o_b
-                m_j = o_j < n_bound
-                pos = tl.load(p_buf + o_j.to(tl.int64), mask=m_j, other=0)
-                off = _sortable_key(tl.load(p_x + pos.to(tl.int64) * stride_x_p, mask=m_j, other=float("-inf")))
-                off = off - kbase
-                match = m_j & ((off >> (sh + width)) == (prefix >> (sh + width)))
-                hist2 += tl.histogram(((off >> sh) & ((1 << width) - 1)).to(tl.int32), 256, mask=match)
-            r_above = tl.sum(hist2, 0) - tl.cumsum(hist2, 0)
-            o_256 = tl.arange(0, 256)
-            bb = tl.max(tl.where(r_above + hist2 >= left, o_256, 0), 0)
-            left = left - tl.sum(tl.where(o_256 == bb, r_above, 0), 0)
-            prefix = prefix | (bb.to(tl.int64) << sh)
-        tau = kbase + prefix  # the take-th largest boundary key; `left` keys equal to it are taken, in buffer order
-        base = n_above
-        eq_seen = tl.zeros([], dtype=tl.int32)
-        for j0 in range(0, n_bound, BLOCK):
-            o_j = j0 + o_b
+        # The boundary bin: n_bound candidate positions in buf; take `take` of them with the largest keys. The
+        # bin fixes all but the low `shift` bits of the offsets key - kbase; radix digits of up to 8 bits below.
+        left = need - n_above
+        prefix = b_thr.to(tl.int64) << shift
+        o_j = tl.arange(0, TAIL)
+        if n_bound <= TAIL:  # one read of the bin's keys, every pass on registers
             m_j = o_j < n_bound
             pos = tl.load(p_buf + o_j.to(tl.int64), mask=m_j, other=0)
             key = _sortable_key(tl.load(p_x + pos.to(tl.int64) * stride_x_p, mask=m_j, other=float("-inf")))
-            is_eq = m_j & (key == tau)
-            eq_rank = eq_seen + tl.cumsum(is_eq.to(tl.int32), 0) - 1
-            sel = m_j & ((key > tau) | (is_eq & (eq_rank < left)))
-            sel_i = sel.to(tl.int32)
-            dst = base + tl.cumsum(sel_i, 0) - 1
-            tl.store(p_o + dst.to(tl.int64) * stride_o_k, pos, mask=sel & (dst < topk))
-            base += tl.sum(sel_i, 0)
-            eq_seen += tl.sum(is_eq.to(tl.int32), 0)
-        for j0 in range(0, topk, BLOCK):
-            o_j = j0 + o_b
-            tl.store(p_o + o_j.to(tl.int64) * stride_o_k, tl.full([BLOCK], -1, dtype=tl.int32),
-                     mask=(o_j >= need) & (o_j < topk))
+            for d in range(0, (shift + 7) // 8):
+                sh = tl.maximum(shift - 8 * (d + 1), 0)
+                hist2 = _digit_hist(key - kbase, m_j, prefix, sh, shift - 8 * d - sh)
+                prefix, left = _pick_digit(hist2, prefix, sh, left)
+            _emit(key, pos, m_j, kbase + prefix, left, 0, n_above, p_o, stride_o_k, topk)
+        else:  # a crowded bin: each pass reads it again, TAIL keys at a time
+            for d in range(0, (shift + 7) // 8):
+                sh = tl.maximum(shift - 8 * (d + 1), 0)
+                width = shift - 8 * d - sh
+                hist2 = tl.zeros([256], dtype=tl.int32)
+                for j0 in range(0, n_bound, TAIL):
+                    m_j = j0 + o_j < n_bound
+                    pos = tl.load(p_buf + (j0 + o_j).to(tl.int64), mask=m_j, other=0)
+                    key = _sortable_key(tl.load(p_x + pos.to(tl.int64) * stride_x_p, mask=m_j,
+                                                other=float("-inf")))
+                    hist2 += _digit_hist(key - kbase, m_j, prefix, sh, width)
+                prefix, left = _pick_digit(hist2, prefix, sh, left)
+            tau = kbase + prefix  # the take-th largest boundary key; `left` keys equal to it are taken, in order
+            base = n_above
+            eq_seen = tl.zeros([], dtype=tl.int32)
+            for j0 in range(0, n_bound, TAIL):
+                m_j = j0 + o_j < n_bound
+                pos = tl.load(p_buf + (j0 + o_j).to(tl.int64), mask=m_j, other=0)
+                key = _sortable_key(tl.load(p_x + pos.to(tl.int64) * stride_x_p, mask=m_j, other=float("-inf")))
+                base, eq_seen = _emit(key, pos, m_j, tau, left, eq_seen, base, p_o, stride_o_k, topk)
+        for j0 in range(0, topk, TAIL):
+            tl.store(p_o + (j0 + o_j).to(tl.int64) * stride_o_k, tl.full([TAIL], -1, dtype=tl.int32),
+                     mask=(j0 + o_j >= need) & (j0 + o_j < topk))
 
 
 _launch_bound = CachedLauncher(_topk_bound_kernel)
@@ -285,8 +322,9 @@ def launch_split_select(logits: torch.Tensor, out: torch.Tensor, topk: int, cfg:
     """Per-row top-k of ``logits`` float32 [T, L] into ``out`` int32 [T, topk] with many programs per row (the split
     select): a bound pass (``cfg.bound``, on rows of at least ``cfg.bound_min_chunks`` chunks), a histogram pass
     counting the candidates at or above the bound, then a pass that writes the rows' positions above the threshold
-    bin and resolves the boundary bin. ``cfg.split_chunk`` / ``cfg.split_block``: positions per program / per step,
-    powers of two (block at most ``MAX_SPLIT_BLOCK``); ``cfg.select`` is not read. Returns the workspace
+    bin and resolves the boundary bin. ``cfg.split_chunk`` / ``cfg.split_block`` / ``cfg.split_tail``: positions per
+    program / per step / boundary keys per step of a row's last program, powers of two (block and tail at most
+    ``MAX_SPLIT_BLOCK``); ``cfg.select`` is not read. Returns the workspace
     ``(ws, buf)`` (for inspection), or None for no rows. ``ws``: a zeroed int32 [T, WS_WIDTH] workspace (e.g. zeroed
     by the logits launch); None: a new one.
     """
@@ -299,6 +337,8 @@ def launch_split_select(logits: torch.Tensor, out: torch.Tensor, topk: int, cfg:
     if not 1 <= block <= MAX_SPLIT_BLOCK or block & (block - 1):
         raise ValueError(f"split_block ({block}) must be a power of 2 up to {MAX_SPLIT_BLOCK} (the select ranks two "
                          f"counts of a block in one int32)")
+    if not 1 <= cfg.split_tail <= MAX_SPLIT_BLOCK or cfg.split_tail & (cfg.split_tail - 1):
+        raise ValueError(f"split_tail ({cfg.split_tail}) must be a power of 2 up to {MAX_SPLIT_BLOCK}")
     if chunk < block or chunk & (chunk - 1):
         raise ValueError(f"split_chunk ({chunk}) must be a power of 2 and a multiple of split_block ({block})")
     if cfg.bound and chunk < BOUND_GROUP * 8:
@@ -319,6 +359,7 @@ def launch_split_select(logits: torch.Tensor, out: torch.Tensor, topk: int, cfg:
     _launch_hist(grid, (logits, ws, logits.stride(0), logits.stride(1), ws.stride(0), L, n_chunks, topk), const,
                  num_warps=SPLIT_WARPS)
     _launch_split_select(grid, (logits, out, ws, buf, logits.stride(0), logits.stride(1), out.stride(0),
-                                out.stride(1), ws.stride(0), buf.stride(0), L, topk, n_chunks), const,
+                                out.stride(1), ws.stride(0), buf.stride(0), L, topk, n_chunks),
+                         dict(CHUNK=chunk, BLOCK=block, TAIL=cfg.split_tail, NB=NBINS, NREP=NREP),
                          num_warps=SPLIT_WARPS)
     return ws, buf
