@@ -34,6 +34,7 @@ def test_select_kernel_special_values(tail):
         [-5.0] * 7 + [-math.inf] * 3,
         [-math.inf] * 10,
         [2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, -math.inf, 0.5],
+        [-3.4028234663852886e38, 1.0, 2.0] + [-math.inf] * 7,  # -FLT_MAX: the lowest key that is a candidate
     ]
     x = torch.tensor(rows, dtype=torch.float32)
     x = torch.cat([x, torch.randn(3, 10)], 0)
@@ -46,7 +47,12 @@ def test_select_kernel_special_values(tail):
     }
     ties = torch.full((2, 200), 1.5)
     ties[1, ::3] = -math.inf
-    x = torch.cat([x, ties.to(DEVICE)], 0)  # one boundary bin holding the whole row
+    # ties at the k-th value behind a larger key of the same boundary bin (1.0 and 1.1 share the top 11 key bits):
+    # taking one tie too many, or restarting the tie count per step, drops the 1.1
+    mixed = torch.full((2, 200), -math.inf)
+    mixed[0, :4] = torch.tensor([1.0, 1.0, 1.0, 1.1])
+    mixed[1, :10] = torch.tensor([1.0] * 9 + [1.1])
+    x = torch.cat([x, ties.to(DEVICE), mixed.to(DEVICE)], 0)  # ties: one boundary bin holding the whole row
     for name, cfg in configs.items():
         for topk in (1, 3, 6, 9, 12, 150):
             out = torch.full((x.shape[0], topk), 777, dtype=torch.int32, device=DEVICE)
