@@ -199,6 +199,15 @@ def _pick_digit(hist2, prefix, sh, left):
 
 
 @triton.jit
+def _boundary_keys(p_buf, p_x, stride_x_p, o_j, n_bound):
+    """Entries ``o_j`` of the row's boundary buffer (its first ``n_bound`` hold positions): which are present, their
+    positions and their logits' sortable keys."""
+    m_j = o_j < n_bound
+    pos = tl.load(p_buf + o_j.to(tl.int64), mask=m_j, other=0)
+    return m_j, pos, _sortable_key(tl.load(p_x + pos.to(tl.int64) * stride_x_p, mask=m_j, other=float("-inf")))
+
+
+@triton.jit
 def _emit(key, pos, m_j, tau, left, eq_seen, base, p_o, stride_o_k, topk):
     """Append the positions ``pos`` whose keys are above ``tau``, and those equal to it while fewer than ``left``
     were taken (``eq_seen`` before these), at output slot ``base`` on; returns the new ``base`` and ``eq_seen``."""
@@ -255,15 +264,14 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
     tl.debug_barrier()  # every thread's buffer writes precede the release below (explicit on every Triton version)
     done = tl.atomic_add(p_s + _DONE, 1, sem="acq_rel")
     if done == n_chunks - 1:
-        # The boundary bin: n_bound candidate positions in buf; take `take` of them with the largest keys. The
-        # bin fixes all but the low `shift` bits of the offsets key - kbase; radix digits of up to 8 bits below.
+        # The boundary bin: n_bound candidate positions in buf; take the `left` = need - n_above of them with the
+        # largest keys. The bin fixes all but the low `shift` bits of the offsets key - kbase; radix digits of up to
+        # 8 bits below.
         left = need - n_above
         prefix = b_thr.to(tl.int64) << shift
         o_j = tl.arange(0, TAIL)
         if n_bound <= TAIL:  # one read of the bin's keys, every pass on registers
-            m_j = o_j < n_bound
-            pos = tl.load(p_buf + o_j.to(tl.int64), mask=m_j, other=0)
-            key = _sortable_key(tl.load(p_x + pos.to(tl.int64) * stride_x_p, mask=m_j, other=float("-inf")))
+            m_j, pos, key = _boundary_keys(p_buf, p_x, stride_x_p, o_j, n_bound)
             for d in range(0, (shift + 7) // 8):
                 sh = tl.maximum(shift - 8 * (d + 1), 0)
                 hist2 = _digit_hist(key - kbase, m_j, prefix, sh, shift - 8 * d - sh)
@@ -275,19 +283,14 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
                 width = shift - 8 * d - sh
                 hist2 = tl.zeros([256], dtype=tl.int32)
                 for j0 in range(0, n_bound, TAIL):
-                    m_j = j0 + o_j < n_bound
-                    pos = tl.load(p_buf + (j0 + o_j).to(tl.int64), mask=m_j, other=0)
-                    key = _sortable_key(tl.load(p_x + pos.to(tl.int64) * stride_x_p, mask=m_j,
-                                                other=float("-inf")))
+                    m_j, pos, key = _boundary_keys(p_buf, p_x, stride_x_p, j0 + o_j, n_bound)
                     hist2 += _digit_hist(key - kbase, m_j, prefix, sh, width)
                 prefix, left = _pick_digit(hist2, prefix, sh, left)
             tau = kbase + prefix  # the take-th largest boundary key; `left` keys equal to it are taken, in order
             base = n_above
             eq_seen = tl.zeros([], dtype=tl.int32)
             for j0 in range(0, n_bound, TAIL):
-                m_j = j0 + o_j < n_bound
-                pos = tl.load(p_buf + (j0 + o_j).to(tl.int64), mask=m_j, other=0)
-                key = _sortable_key(tl.load(p_x + pos.to(tl.int64) * stride_x_p, mask=m_j, other=float("-inf")))
+                m_j, pos, key = _boundary_keys(p_buf, p_x, stride_x_p, j0 + o_j, n_bound)
                 base, eq_seen = _emit(key, pos, m_j, tau, left, eq_seen, base, p_o, stride_o_k, topk)
         for j0 in range(0, topk, TAIL):
             tl.store(p_o + (j0 + o_j).to(tl.int64) * stride_o_k, tl.full([TAIL], -1, dtype=tl.int32),
@@ -360,6 +363,6 @@ def launch_split_select(logits: torch.Tensor, out: torch.Tensor, topk: int, cfg:
                  num_warps=SPLIT_WARPS)
     _launch_split_select(grid, (logits, out, ws, buf, logits.stride(0), logits.stride(1), out.stride(0),
                                 out.stride(1), ws.stride(0), buf.stride(0), L, topk, n_chunks),
-                         dict(CHUNK=chunk, BLOCK=block, TAIL=cfg.split_tail, NB=NBINS, NREP=NREP),
+                         dict(const, TAIL=cfg.split_tail),
                          num_warps=SPLIT_WARPS)
     return ws, buf
