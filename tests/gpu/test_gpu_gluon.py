@@ -325,6 +325,52 @@ def test_combine_as_dependent_launch(pool, fmt, family, heads):
         assert torch.equal(o, wo) and torch.equal(lse, wl)
 
 
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2", "fp8_ds_mla_fp32"])
+@pytest.mark.parametrize("rows,splits", [(64, 2), (64, 1), (5, 2), (64, 3)])
+def test_split_merge_in_kernel(pool, fmt, rows, splits):
+    """``merge``: the last of a row's splits to finish merges them in the wgmma_t kernel (arrival counters, no
+    combine kernel) and gives the combine kernel's output and lse bitwise — with a sink and topk_length, on
+    alternating q back to back (a stale or unreset counter would merge the wrong partials), eager and replayed
+    several times in a graph (the graph's counters must be back at 0 after each replay); 3 splits run the combine
+    kernel (more than MERGE_SPLITS)."""
+    _skip_unless_supported(fmt, "wgmma_t")
+    torch.manual_seed(7)
+    T, H = ROWS[rows] if rows in ROWS else rows, 16
+    c = pool.caches[fmt]
+    qs = [make_q(T, H, c.q_dtype) for _ in range(2)]
+    idx = make_indices(pool, T)
+    extra = dict(attn_sink=torch.randn(H, device=DEV), topk_length=torch.randint(0, TOPK + 1, (T,), device=DEV,
+                                                                                 dtype=torch.int32))
+
+    def run(q, merge, out):
+        return sparse_mla_attention_with_config(q, c.tensor, idx, SCALE, kv_format=c.kv_format, kernel="decode",
+                                                family="wgmma_t", num_splits=splits, merge=merge, out=out,
+                                                return_lse=True, **extra)
+
+    want = [run(q, False, None) for q in qs]
+    outs = [torch.full_like(want[0][0], float("nan")) for _ in qs]
+    for _ in range(3):
+        got = [run(q, True, o) for q, o in zip(qs, outs)]
+    torch.cuda.synchronize()
+    for (o, lse), (wo, wl) in zip(got, want):
+        assert torch.equal(o, wo) and torch.equal(lse, wl)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run(qs[0], True, outs[0])
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        got = [run(q, True, o) for q, o in zip(qs, outs)]
+    for _ in range(3):
+        for o in outs:
+            o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for (o, lse), (wo, wl) in zip(got, want):
+            assert torch.equal(o, wo) and torch.equal(lse, wl)
+
 def _regrouped(cache: torch.Tensor, kv_format: str, bs: int) -> torch.Tensor:
     """The same slots (and NaN poison) in blocks of ``bs`` rows with a spare NaN row after each block and 16 spare
     elements after each row: another block size and other strides than the main cache's."""

@@ -301,7 +301,7 @@ def test_max_registers_from_the_table_and_overrides(on_gpu, monkeypatch):
     entry = configs.replace(GLUON_TABLE["sm90"][(16, "16bit")], max_registers=128)
     monkeypatch.setitem(GLUON_TABLE["sm90"], (16, "16bit"), entry)
     cfg = choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["sm90"])
-    assert cfg.max_registers == 128 and cfg.describe().endswith(" reg128")
+    assert cfg.max_registers == 128 and " reg128" in cfg.describe()
     assert choose_config(64, 16, 2048, CPU, kv_format="bf16", arch=ARCHS["sm90"], max_registers=96).max_registers == 96
     assert choose_config(64, 64, 2048, CPU, kv_format="bf16", arch=ARCHS["sm90"]).max_registers is None
 

@@ -71,11 +71,15 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
 
         const = dict(FMT=fmt, HAS_ROPE=has_rope, HAS_TOPK_LEN=True, HAS_SINK=True, SPLIT=split, BLOCK_H=cfg.block_h,
                      BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, SW_FP8=cfg.sw_fp8,
-                     F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA, PDL=cfg.pdl and split, HAS_EXTRA=extra,
-                     HAS_TOPK_LEN2=extra)
+                     F16_DOT=cfg.f16_dot and fmt == K.FMT_FP8_DS_MLA, PDL=cfg.pdl and split and not cfg.merge,
+                     HAS_EXTRA=extra, HAS_TOPK_LEN2=extra)
         warps, regs = cfg.num_warps, cfg.max_registers
         if cfg.family == "wgmma_t":
             const["OVERLAP"] = cfg.overlap and fmt in (K.FMT_FP8_DS_MLA, K.FMT_FP8_V4)
+            const["MERGE"] = cfg.merge and split
+            sig.update(fin_out_ptr=f"*{q_dtype}", fin_lse_ptr="*fp32", cnt_ptr="*i32",
+                       **{n: "i32" for n in ("stride_fo_t", "stride_fo_h", "stride_fl_t", "stride_fl_h")})
+            divisible += ["fin_out_ptr", "fin_lse_ptr", "cnt_ptr", "stride_fo_t", "stride_fo_h"]
         if cfg.family == "wgmma_ws":
             ws_const, warps, regs = K.ws_build(cfg)
             const.update(ws_const)

@@ -49,6 +49,7 @@ class Launch:
     # streams its split without a second wave behind it)
     prefill: Launch | None = None  # the prefill kernel's entry where another kernel family is faster there
     pdl: bool = False  # decode: the combine kernel as a programmatic dependent launch (where the target has it)
+    merge: bool = False  # wgmma_t decode of at most MERGE_SPLITS splits: the row's last split merges, no combine kernel
 
 
 HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
@@ -163,14 +164,17 @@ FP8_TILE_CLASSES = ("fp8_ds_mla", "fp8_ds_mla_v4")  # dequantised once per tile 
 GLUON_FAMILIES = ("mma2", "wgmma", "wgmma_t", "wgmma_ws")
 HOPPER_FAMILIES = ("wgmma", "wgmma_t", "wgmma_ws")  # warpgroup MMAs: sm90 only
 WS_CACHE_CLASSES = ("fp8_ds_mla",)  # what the warp-specialised kernel reads (kernels_wgmma_ws.py)
-GLUON_ONLY_SWITCHES = ("overlap",)  # AttentionConfig switches of a Gluon kernel (the tl kernel refuses them)
-COMPILED_ONLY_SWITCHES = ("pdl",)  # switches of a compiled NVIDIA launch (refused under the interpreter)
+GLUON_ONLY_SWITCHES = ("overlap", "merge")  # AttentionConfig switches of a Gluon kernel (the tl kernel refuses them)
+COMPILED_ONLY_SWITCHES = ("pdl", "merge")  # switches of a compiled NVIDIA launch (refused under the interpreter)
+MERGE_SPLITS = 2  # a merging decode launch loads every split's partial at once: up to this many (more: combine kernel)
 GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
     "sm90": {
         # decode: wgmma_t (tile rows along M, one warpgroup, one program per SM, one wave of splits); bf16 prefill at
         # <= 16 heads: mma2 with one buffer of 64-row tiles (two resident programs hide each other's latency)
-        (16, "16bit"): _T(16, 64, 4, 2, 1, max_waves=1,
+        (16, "16bit"): _T(16, 64, 4, 2, 1, max_waves=1, merge=True,
                            prefill=_M(16, 32, 4, 2, 1, prefill_stages=1, prefill_block_n=64)),
+        # (bf16 decode at <= 16 heads: the last split merges in-kernel, h16 B=64 49.2 vs 49.6-50.3 us with the combine
+        # kernel, h8 47.1 vs 48.1; fp8_ds_mla measured 6-8 us slower with it, so not there: benchmarks/NOTES.md)
         # fp8_ds_mla decode at <= 16 heads: the combine kernel as a programmatic dependent launch (h16 B=64 0.0582
         # vs 0.0595 ms; bf16 and 32 heads measured 1-3 % slower with it, so without: benchmarks/NOTES.md); prefill:
         # the warp-specialised kernel with 8 producer warps (h16 4096 rows x 32K: 2.42 ms vs wgmma_t's 3.14, FlashMLA
@@ -262,6 +266,8 @@ class AttentionConfig:
     overlap: bool = False  # wgmma_t with fp8_ds_mla / V4 pages: the next tile dequantised during this one's output MMAs
     pdl: bool = False  # decode: the combine kernel is a programmatic dependent launch (NVIDIA sm90 on), started
     # while the split kernel runs so that its launch and start-up overlap the splits' tail (_common/pdl.py)
+    merge: bool = False  # wgmma_t decode: the last of a row's splits to finish merges them (arrival counters,
+    # _common/counters.py) instead of a combine kernel; at launch only where the splits are <= MERGE_SPLITS
 
     def describe(self) -> str:
         """Short text: kernel, head block, gather block, splits, warps/stages, and every option switched on."""
@@ -410,6 +416,8 @@ def gluon_config_problem(cfg: AttentionConfig, kv_format: str | None = None, arc
         return f"low_reg: a variant of the tl kernel, not of {cfg.family}"
     if cfg.family != "wgmma_t" and cfg.overlap:
         return f"overlap: a variant of the wgmma_t kernel, not of {cfg.family}"
+    if cfg.family != "wgmma_t" and cfg.merge:
+        return f"merge: a variant of the wgmma_t kernel's decode, not of {cfg.family}"
     return None
 
 
@@ -499,7 +507,8 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
                           f16_dot=launch.f16_dot and cache_class(kv_format) == "fp8_ds_mla", low_reg=launch.low_reg,
                           family=family, max_registers=launch.max_registers,
                           overlap=launch.overlap and cache_class(kv_format) in FP8_TILE_CLASSES,
-                          pdl=launch.pdl and kernel == "decode" and pdl_supported(arch))
+                          pdl=launch.pdl and kernel == "decode" and pdl_supported(arch),
+                          merge=launch.merge and kernel == "decode")
     cfg = replace(cfg, **overrides) if overrides else cfg
     if type(cfg.split_len) is not int or cfg.split_len < 1 or cfg.split_len % cfg.block_n:
         # a program's range starts on a tile boundary: tiles never straddle two programs (or the two lists of an
@@ -507,6 +516,9 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
         raise ValueError(f"split_len: expected a positive multiple of block_n ({cfg.block_n}), got {cfg.split_len!r}")
     if cfg.low_reg and key[1] == "fp8_ds_mla_v4":
         raise ValueError("low_reg: the tl kernel reads fp8_ds_mla_v4 pages with its full variant only, got True")
+    if cfg.merge and (interpreting() or arch is None or arch.backend != "cuda"):
+        raise ValueError(f"merge: the splits' in-kernel merge runs compiled on NVIDIA GPUs (not the interpreter), got "
+                         f"{arch.name if arch else 'no GPU'}")
     if cfg.pdl and not pdl_supported(arch):
         raise ValueError(f"pdl: programmatic dependent launch needs an NVIDIA GPU from sm90 on (not the interpreter), "
                          f"got {arch.name if arch else 'no GPU'}")

@@ -29,7 +29,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..._common.fp8 import e4m3_to_f32 as _e4m3_to_f32
+from ..._common.counters import take as take_counters
 from ..._common.launch import CachedLauncher
+from .configs import MERGE_SPLITS
 
 if TYPE_CHECKING:
     import torch
@@ -638,6 +640,7 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
                       HAS_EXTRA=p.kv2 is not None, HAS_TOPK_LEN2=p.topk_length2 is not None)
         if cfg.family == "wgmma_t":
             common["OVERLAP"] = cfg.overlap and fmt in (FMT_FP8_DS_MLA, FMT_FP8_V4)
+            common["MERGE"] = False
         opts = dict(num_warps=cfg.num_warps, num_stages=1)
     regs = cfg.max_registers
     if cfg.family == "wgmma_ws":
@@ -658,11 +661,26 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
         tl2 = p.topk_length2 if p.topk_length2 is not None else p.indices2
         extra = (kv2, p.indices2, tl2, kv2.stride(0), _row_stride(kv2, fmt), p.indices2.stride(0),
                  p.indices2.stride(1), tl2.stride(0), p.topk2, p.num_slots2, p.block_size2)
+    # wgmma_t: the in-kernel merge's final output, lse and arrival counters (dummies when it does not merge)
+    counters = None
+    if cfg.family == "wgmma_t":
+        if cfg.merge and cfg.kernel == "decode" and ns <= MERGE_SPLITS:
+            counters = take_counters(out.device, T * n_hb)
+        fin = (out, lse, counters if counters is not None else p.indices,
+               out.stride(0), out.stride(1), lse.stride(0), lse.stride(1))
+        extra = (*extra, *fin)
     if cfg.kernel == "prefill":
         launch((T, n_hb), (
             *args, out, lse, *qstrides,
             out.stride(0), 0, out.stride(1), lse.stride(0), 0, lse.stride(1),
             *sizes, 1, p.list_len(cfg.block_n), *scales, *extra), dict(common, SPLIT=False, PDL=False), **opts)
+        return lse
+    if counters is not None:  # the last split of each row merges: no combine kernel (nor its dependent launch)
+        launch((T * ns, n_hb), (
+            *args, part_o, part_lse, *qstrides,
+            part_o.stride(0), part_o.stride(1), part_o.stride(2),
+            part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
+            *sizes, ns, cfg.split_len, *scales, *extra), dict(common, SPLIT=True, PDL=False, MERGE=True), **opts)
         return lse
     launch((T * ns, n_hb), (
         *args, part_o, part_lse, *qstrides,

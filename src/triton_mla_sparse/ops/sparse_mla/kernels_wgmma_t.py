@@ -16,9 +16,11 @@ row gathers STAGES − 1 tiles ahead, fp8_ds_mla rows and DeepSeek-V4 pages dequ
 of exact values, an extra cache after the main list. With ``OVERLAP`` (the fp8 formats) the loop is
 software-pipelined: the next tile is dequantised one 128-column chunk at a time while this tile's four output MMAs
 run, each chunk only after the MMA that reads those columns has completed in every warp (a wait, then a barrier).
-One warpgroup per program (8 warps: two, each MMA on half the heads — measured slower, kept buildable); a 64-row
-tile of bf16 rows takes 72 KB per stage, so a program fills most of an SM's shared memory and the stages, not other
-programs, hide the gathers' latency.
+With ``MERGE`` (a decode of at most two splits) the program that writes a row's last partial also merges the row's
+partials into the final output and lse (:func:`_merge_if_last`, counted in with an arrival counter), so no combine
+kernel runs after this one. One warpgroup per program (8 warps: two, each MMA on half the heads — measured slower,
+kept buildable); a 64-row tile of bf16 rows takes 72 KB per stage, so a program fills most of an SM's shared
+memory and the stages, not other programs, hide the gathers' latency.
 """
 
 from __future__ import annotations
@@ -202,6 +204,53 @@ def _finish_t(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stri
                      stride_l_h, stride_sink, o_h, m_h, o_d, b_inv, b_lse2, b_a0, b_a1, b_a2, b_a3, SPLIT, HAS_SINK)
 
 
+@gluon.jit
+def _merge_if_last(out_ptr, lse_ptr, fin_out_ptr, fin_lse_ptr, cnt_ptr, sink_ptr, i_t, i_hb, H, num_splits,
+                   stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s, stride_l_h, stride_fo_t, stride_fo_h,
+                   stride_fl_t, stride_fl_h, stride_sink, BLOCK_H: gl.constexpr, HAS_SINK: gl.constexpr):
+    """After this program's partial is written: count it in (row, head block)'s counter; the program that counts
+    last (all ``num_splits`` <= 2 partials written) puts the counter back to 0 and merges the partials as
+    :func:`.kernels._combine_kernel` does (same operations in split order, whichever program is last), writing the
+    final output and lse. The partials are read from L2 (``.cg``): other programs wrote them."""
+    _barrier()  # every thread's partial stores before the count, which releases them at gpu scope
+    p_cnt = cnt_ptr + i_t * gl.num_programs(1) + i_hb
+    done = gl.atomic_add(p_cnt, 1, sem="acq_rel", scope="gpu")
+    if done == num_splits - 1:
+        gl.atomic_xchg(p_cnt, 0, sem="relaxed", scope="gpu")
+        _barrier()  # the count acquired before any thread reads the other partials
+        LM: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
+        o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, LM))
+        m_h = o_h < H
+        m_h1 = m_h & (num_splits > 1)
+        o_d = gl.arange(0, 512, gl.SliceLayout(0, LM))
+        # every split's lse and 512 columns loaded at once: one round trip to L2 (128-column steps measured slower)
+        p_l = lse_ptr + i_t * stride_l_t + o_h * stride_l_h
+        b_l0 = gl.load(p_l, mask=m_h, other=float("-inf"), cache_modifier=".cg")
+        b_l1 = gl.load(p_l + stride_l_s, mask=m_h1, other=float("-inf"), cache_modifier=".cg")
+        p_po = out_ptr + i_t * stride_o_t + o_h[:, None].to(gl.int64) * stride_o_h + o_d[None, :]
+        b_o0 = gl.load(p_po, mask=m_h[:, None], other=0.0, cache_modifier=".cg")
+        b_o1 = gl.load(p_po + stride_o_s, mask=m_h1[:, None], other=0.0, cache_modifier=".cg")
+        b_m = gl.maximum(gl.maximum(gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, LM)), b_l0), b_l1)
+        b_m_use = gl.where(b_m == float("-inf"), 0.0, b_m)
+        b_w0 = gl.exp2(b_l0 - b_m_use)
+        b_w1 = gl.exp2(b_l1 - b_m_use)
+        b_acc = gl.zeros([BLOCK_H, 512], gl.float32, LM)
+        b_acc += gl.where(b_w0[:, None] > 0, b_o0, 0.0) * b_w0[:, None]
+        b_acc += gl.where(b_w1[:, None] > 0, b_o1, 0.0) * b_w1[:, None]
+        b_w = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, LM))
+        b_w += b_w0
+        b_w += b_w1
+        b_lse2 = gl.where(b_w > 0, b_m_use + gl.log2(b_w), float("-inf"))
+        b_inv = gl.where(b_w > 0, 1.0 / b_w, 0.0)
+        if HAS_SINK:
+            b_sink = gl.load(sink_ptr + o_h * stride_sink, mask=m_h, other=0.0)
+            b_inv = gl.where(b_lse2 == float("-inf"), 0.0,
+                             b_inv / (1.0 + gl.exp2(b_sink * 1.4426950408889634 - b_lse2)))
+        p_o = fin_out_ptr + i_t * stride_fo_t + o_h[:, None].to(gl.int64) * stride_fo_h + o_d[None, :]
+        gl.store(p_o, (b_acc * b_inv[:, None]).to(fin_out_ptr.dtype.element_ty), mask=m_h[:, None])
+        gl.store(fin_lse_ptr + i_t * stride_fl_t + o_h * stride_fl_h, b_lse2 * 0.6931471805599453, mask=m_h)
+
+
 @gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len", "topk2", "num_slots2"])
 def _sparse_mla_fwd_wgmma_t(
     q_nope_ptr, q_pe_ptr, kv_ptr, idx_ptr, topk_len_ptr, sink_ptr, k_scale_ptr, out_ptr, lse_ptr,
@@ -214,10 +263,11 @@ def _sparse_mla_fwd_wgmma_t(
     sm_scale_log2, k_scale,
     kv2_ptr, idx2_ptr, topk_len2_ptr, stride_kv2_blk, stride_kv2_row, stride_idx2_t, stride_idx2_k, stride_tl2,
     topk2, num_slots2, block_size2,
+    fin_out_ptr, fin_lse_ptr, cnt_ptr, stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
     FMT: gl.constexpr, HAS_ROPE: gl.constexpr, HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
     SPLIT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     SW_FP8: gl.constexpr, F16_DOT: gl.constexpr, OVERLAP: gl.constexpr, PDL: gl.constexpr,
-    HAS_EXTRA: gl.constexpr, HAS_TOPK_LEN2: gl.constexpr,
+    HAS_EXTRA: gl.constexpr, HAS_TOPK_LEN2: gl.constexpr, MERGE: gl.constexpr,
 ):
     gl.static_assert(BLOCK_N == 64, "the tile's rows are the 64 rows of a warpgroup MMA")
     gl.static_assert(gl.num_warps() == 4 or gl.num_warps() == 8, "one or two warpgroups")
@@ -360,6 +410,11 @@ def _sparse_mla_fwd_wgmma_t(
 
     _finish_t(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s,
               stride_l_h, stride_sink, o_h, m_h, o_d, b_m, b_l, b_a0, b_a1, b_a2, b_a3, SPLIT, HAS_SINK)
+    if MERGE:
+        gl.static_assert(SPLIT, "the merge finishes a split decode")
+        _merge_if_last(out_ptr, lse_ptr, fin_out_ptr, fin_lse_ptr, cnt_ptr, sink_ptr, i_t, i_hb, H, num_splits,
+                       stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s, stride_l_h, stride_fo_t,
+                       stride_fo_h, stride_fl_t, stride_fl_h, stride_sink, BLOCK_H, HAS_SINK)
 
 
 launch_fwd_wgmma_t = CachedLauncher(_sparse_mla_fwd_wgmma_t)
