@@ -354,6 +354,34 @@ def test_pdl_is_refused_under_the_interpreter():
         choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", pdl=True)
 
 
+
+def test_merge_where_the_table_asks(on_gpu):
+    """The in-kernel split merge: decode of the table entries that set it (sm90 bf16 at <= 16 heads), not prefill,
+    not fp8_ds_mla (measured slower with it) nor other architectures; forced with ``merge=True`` on the wgmma_t
+    kernel only (another family: one ValueError naming ``merge``), and refused on AMD targets."""
+    sm90 = ARCHS["sm90"]
+    assert choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", arch=sm90).merge
+    assert not choose_config(64, 16, 2048, CPU, "prefill", kv_format="bf16", arch=sm90).merge
+    assert not choose_config(64, 16, 2048, CPU, "decode", kv_format="fp8_ds_mla", arch=sm90).merge
+    assert not choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", arch=ARCHS["sm120"]).merge
+    for name, entries in GLUON_TABLE.items():
+        for key, entry in entries.items():
+            if entry.merge:
+                assert name == "sm90" and key == (16, "16bit") and entry.family == "wgmma_t", (name, key)
+    assert choose_config(64, 16, 2048, CPU, "decode", kv_format="fp8_ds_mla", arch=sm90, merge=True).merge
+    with pytest.raises(ValueError, match="merge"):
+        choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", arch=sm90, family="mma2", merge=True)
+    with pytest.raises(ValueError, match="merge"):
+        choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", arch=ARCHS["gfx942"], merge=True)
+    with pytest.raises(ValueError, match="merge"):
+        choose_config(64, 16, 2048, CPU, "prefill", kv_format="bf16", arch=sm90, merge=True)
+
+
+def test_merge_is_refused_under_the_interpreter():
+    assert not choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", arch=ARCHS["sm90"]).merge
+    with pytest.raises(ValueError, match="merge"):
+        choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", merge=True)
+
 def test_extra_cache_where_its_build_fits():
     """The kernels with an extra cache are in the compile matrix (decode-extra / prefill-extra rows) exactly where
     the API takes one: NVIDIA targets (AMD builds spill with it, so the API refuses an extra cache there)."""

@@ -519,6 +519,8 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     if cfg.merge and (interpreting() or arch is None or arch.backend != "cuda"):
         raise ValueError(f"merge: the splits' in-kernel merge runs compiled on NVIDIA GPUs (not the interpreter), got "
                          f"{arch.name if arch else 'no GPU'}")
+    if cfg.merge and cfg.kernel != "decode":
+        raise ValueError(f"merge: merges a decode's splits; the {cfg.kernel} kernel has none, got True")
     if cfg.pdl and not pdl_supported(arch):
         raise ValueError(f"pdl: programmatic dependent launch needs an NVIDIA GPU from sm90 on (not the interpreter), "
                          f"got {arch.name if arch else 'no GPU'}")
