@@ -327,16 +327,20 @@ def test_combine_as_dependent_launch(pool, fmt, family, heads):
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2", "fp8_ds_mla_fp32"])
-@pytest.mark.parametrize("rows,splits", [(64, 2), (64, 1), (5, 2), (64, 3)])
-def test_split_merge_in_kernel(pool, fmt, rows, splits):
-    """``merge``: the last of a row's splits to finish merges them in the wgmma_t kernel (arrival counters, no
-    combine kernel) and gives the combine kernel's output and lse bitwise — with a sink and topk_length, on
-    alternating q back to back (a stale or unreset counter would merge the wrong partials), eager and replayed
-    several times in a graph (the graph's counters must be back at 0 after each replay); 3 splits run the combine
-    kernel (more than MERGE_SPLITS)."""
+@pytest.mark.parametrize("rows,splits,heads", [(64, 2, 16), (5, 2, 16), (64, 2, 5), (5, 2, 40), (64, 1, 16),
+                                               (64, 3, 16)])
+def test_split_merge_in_kernel(pool, fmt, rows, splits, heads, monkeypatch):
+    """``merge``: with two splits the last of a row's splits to finish merges them in the wgmma_t kernel (no
+    combine kernel runs) and gives the combine kernel's output and lse bitwise — with a sink and topk_length, heads
+    short of a block and several head blocks, on alternating q back to back (a stale or unreset counter would merge
+    the wrong partials), eager and replayed several times in a graph; every counter is back at 0 afterwards. One or
+    three splits run the combine kernel."""
     _skip_unless_supported(fmt, "wgmma_t")
+    from triton_mla_sparse._common import counters
+    from triton_mla_sparse.ops.sparse_mla import kernels as K
+
     torch.manual_seed(7)
-    T, H = ROWS[rows] if rows in ROWS else rows, 16
+    T, H = ROWS[rows] if rows in ROWS else rows, heads
     c = pool.caches[fmt]
     qs = [make_q(T, H, c.q_dtype) for _ in range(2)]
     idx = make_indices(pool, T)
@@ -345,14 +349,18 @@ def test_split_merge_in_kernel(pool, fmt, rows, splits):
 
     def run(q, merge, out):
         return sparse_mla_attention_with_config(q, c.tensor, idx, SCALE, kv_format=c.kv_format, kernel="decode",
-                                                family="wgmma_t", num_splits=splits, merge=merge, out=out,
-                                                return_lse=True, **extra)
+                                                family="wgmma_t", block_h=16, num_splits=splits, merge=merge,
+                                                out=out, return_lse=True, **extra)
 
     want = [run(q, False, None) for q in qs]
+    combines = []
+    real = K._launch_combine
+    monkeypatch.setattr(K, "_launch_combine", lambda *a, **k: (combines.append(1), real(*a, **k)))
     outs = [torch.full_like(want[0][0], float("nan")) for _ in qs]
     for _ in range(3):
         got = [run(q, True, o) for q, o in zip(qs, outs)]
     torch.cuda.synchronize()
+    assert len(combines) == (0 if splits == 2 else 6)
     for (o, lse), (wo, wl) in zip(got, want):
         assert torch.equal(o, wo) and torch.equal(lse, wl)
     g = torch.cuda.CUDAGraph()
@@ -370,6 +378,9 @@ def test_split_merge_in_kernel(pool, fmt, rows, splits):
         torch.cuda.synchronize()
         for (o, lse), (wo, wl) in zip(got, want):
             assert torch.equal(o, wo) and torch.equal(lse, wl)
+    ring = counters.ring(torch.device(DEV))
+    assert ring is not None or splits != 2
+    assert ring is None or not ring.any()
 
 def _regrouped(cache: torch.Tensor, kv_format: str, bs: int) -> torch.Tensor:
     """The same slots (and NaN poison) in blocks of ``bs`` rows with a spare NaN row after each block and 16 spare

@@ -49,7 +49,7 @@ class Launch:
     # streams its split without a second wave behind it)
     prefill: Launch | None = None  # the prefill kernel's entry where another kernel family is faster there
     pdl: bool = False  # decode: the combine kernel as a programmatic dependent launch (where the target has it)
-    merge: bool = False  # wgmma_t decode of at most MERGE_SPLITS splits: the row's last split merges, no combine kernel
+    merge: bool = False  # wgmma_t decode of 2..MERGE_SPLITS splits: the row's last split merges, no combine kernel
 
 
 HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
@@ -166,7 +166,7 @@ HOPPER_FAMILIES = ("wgmma", "wgmma_t", "wgmma_ws")  # warpgroup MMAs: sm90 only
 WS_CACHE_CLASSES = ("fp8_ds_mla",)  # what the warp-specialised kernel reads (kernels_wgmma_ws.py)
 GLUON_ONLY_SWITCHES = ("overlap", "merge")  # AttentionConfig switches of a Gluon kernel (the tl kernel refuses them)
 COMPILED_ONLY_SWITCHES = ("pdl", "merge")  # switches of a compiled NVIDIA launch (refused under the interpreter)
-MERGE_SPLITS = 2  # a merging decode launch loads every split's partial at once: up to this many (more: combine kernel)
+MERGE_SPLITS = 2  # a merging decode loads every split's partial at once: up to this many (more, or one: combine kernel)
 GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
     "sm90": {
         # decode: wgmma_t (tile rows along M, one warpgroup, one program per SM, one wave of splits); bf16 prefill at
@@ -267,7 +267,7 @@ class AttentionConfig:
     pdl: bool = False  # decode: the combine kernel is a programmatic dependent launch (NVIDIA sm90 on), started
     # while the split kernel runs so that its launch and start-up overlap the splits' tail (_common/pdl.py)
     merge: bool = False  # wgmma_t decode: the last of a row's splits to finish merges them (arrival counters,
-    # _common/counters.py) instead of a combine kernel; at launch only where the splits are <= MERGE_SPLITS
+    # _common/counters.py) instead of a combine kernel; at launch only where there are 2..MERGE_SPLITS splits
 
     def describe(self) -> str:
         """Short text: kernel, head block, gather block, splits, warps/stages, and every option switched on."""

@@ -17,7 +17,8 @@ head block, not once per 16 heads.
   parts and V is gathered a second time (from cache) for ``p · V``.
 * prefill mode (``SPLIT=False``): the program covers the row's whole list and writes the final output and lse.
 * decode mode (``SPLIT=True``): the list is split across ``num_splits`` programs that write float32 partial
-  outputs and base-2 lse values; :func:`_combine_kernel` merges them with an exact log-sum-exp merge.
+  outputs and base-2 lse values; :func:`_combine_kernel` merges them with an exact log-sum-exp merge (or, for the
+  wgmma_t kernel with ``AttentionConfig.merge``, the row's last split does, in the kernel).
 """
 
 from __future__ import annotations
@@ -586,8 +587,8 @@ def ws_build(cfg: AttentionConfig) -> tuple[dict, int, int | None]:
 def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tensor,
                       lse: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the kernel(s) of ``cfg`` for the validated problem ``p`` (an ``AttentionProblem``), writing ``out``
-    [T, H, 512] and ``lse`` [T, H] float32 (allocated when None); returns ``lse``. No host synchronisation; the
-    decode kernel allocates one float32 workspace of T · splits · H · 513 values (+ T · H for an unrequested lse).
+    [T, H, 512] and ``lse`` [T, H] float32 (allocated when None); returns ``lse``. No host synchronisation (but once
+    per device: the first merging decode zeroes the arrival counters, _common/counters.py); the decode kernel allocates one float32 workspace of T · splits · H · 513 values (+ T · H for an unrequested lse).
     ``cfg`` names a Gluon family only where :func:`gluon_reads_problem` holds, and its decode splits cover
     ``p.list_len(cfg.block_n)`` entries (the API chooses so)."""
     import torch
@@ -664,7 +665,8 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
     # wgmma_t: the in-kernel merge's final output, lse and arrival counters (dummies when it does not merge)
     counters = None
     if cfg.family == "wgmma_t":
-        if cfg.merge and cfg.kernel == "decode" and ns <= MERGE_SPLITS:
+        # (one split: the combine kernel, measured faster than the merge at B = 256: benchmarks/NOTES.md)
+        if cfg.merge and cfg.kernel == "decode" and 2 <= ns <= MERGE_SPLITS:
             counters = take_counters(out.device, T * n_hb)
         fin = (out, lse, counters if counters is not None else p.indices,
                out.stride(0), out.stride(1), lse.stride(0), lse.stride(1))
