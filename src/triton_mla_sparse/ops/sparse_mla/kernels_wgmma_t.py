@@ -204,7 +204,8 @@ def _finish_t(out_ptr, lse_ptr, sink_ptr, i_t, i_s, stride_o_t, stride_o_s, stri
                      stride_l_h, stride_sink, o_h, m_h, o_d, b_inv, b_lse2, b_a0, b_a1, b_a2, b_a3, SPLIT, HAS_SINK)
 
 
-@gluon.jit
+# not inlined: inlined, it slowed the fp8_ds_mla loop before it by ~9 us (benchmarks/NOTES.md, session 17)
+@gluon.jit(noinline=True)
 def _merge_if_last(out_ptr, lse_ptr, fin_out_ptr, fin_lse_ptr, cnt_ptr, sink_ptr, i_t, i_hb, H, num_splits,
                    stride_o_t, stride_o_s, stride_o_h, stride_l_t, stride_l_s, stride_l_h, stride_fo_t, stride_fo_h,
                    stride_fl_t, stride_fl_h, stride_sink, BLOCK_H: gl.constexpr, HAS_SINK: gl.constexpr):
