@@ -173,8 +173,9 @@ GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         # <= 16 heads: mma2 with one buffer of 64-row tiles (two resident programs hide each other's latency)
         (16, "16bit"): _T(16, 64, 4, 2, 1, max_waves=1, merge=True,
                            prefill=_M(16, 32, 4, 2, 1, prefill_stages=1, prefill_block_n=64)),
-        # (bf16 decode at <= 16 heads: the last split merges in-kernel, h16 B=64 49.2 vs 49.6-50.3 us with the combine
-        # kernel, h8 47.1 vs 48.1; fp8_ds_mla measured 6-8 us slower with it, so not there: benchmarks/NOTES.md)
+        # (bf16 decode of two splits at <= 16 heads: the last split merges in-kernel, h16 B=64 48.5-48.9 vs 49.7-50.1 us
+        # with the combine kernel; fp8_ds_mla h16 0.5 us slower merged than with its dependent-launch combine, so not
+        # there: benchmarks/NOTES.md)
         # fp8_ds_mla decode at <= 16 heads: the combine kernel as a programmatic dependent launch (h16 B=64 0.0582
         # vs 0.0595 ms; bf16 and 32 heads measured 1-3 % slower with it, so without: benchmarks/NOTES.md); prefill:
         # the warp-specialised kernel with 8 producer warps (h16 4096 rows x 32K: 2.42 ms vs wgmma_t's 3.14, FlashMLA

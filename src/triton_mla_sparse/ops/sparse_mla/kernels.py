@@ -587,8 +587,9 @@ def ws_build(cfg: AttentionConfig) -> tuple[dict, int, int | None]:
 def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tensor,
                       lse: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the kernel(s) of ``cfg`` for the validated problem ``p`` (an ``AttentionProblem``), writing ``out``
-    [T, H, 512] and ``lse`` [T, H] float32 (allocated when None); returns ``lse``. No host synchronisation (but once
-    per device: the first merging decode zeroes the arrival counters, _common/counters.py); the decode kernel allocates one float32 workspace of T · splits · H · 513 values (+ T · H for an unrequested lse).
+    [T, H, 512] and ``lse`` [T, H] float32 (allocated when None); returns ``lse``. No host synchronisation (except
+    once per device: the first merging decode zeroes the arrival counters, _common/counters.py); the decode kernel
+    allocates one float32 workspace of T · splits · H · 513 values (+ T · H for an unrequested lse).
     ``cfg`` names a Gluon family only where :func:`gluon_reads_problem` holds, and its decode splits cover
     ``p.list_len(cfg.block_n)`` entries (the API chooses so)."""
     import torch
