@@ -354,7 +354,6 @@ def test_pdl_is_refused_under_the_interpreter():
         choose_config(64, 16, 2048, CPU, "decode", kv_format="bf16", pdl=True)
 
 
-
 def test_merge_where_the_table_asks(on_gpu):
     """The in-kernel split merge: decode of the table entries that set it (sm90 bf16 at <= 16 heads), not prefill,
     not fp8_ds_mla (measured slower with it) nor other architectures; forced with ``merge=True`` on the wgmma_t

@@ -642,7 +642,7 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
                       HAS_EXTRA=p.kv2 is not None, HAS_TOPK_LEN2=p.topk_length2 is not None)
         if cfg.family == "wgmma_t":
             common["OVERLAP"] = cfg.overlap and fmt in (FMT_FP8_DS_MLA, FMT_FP8_V4)
-            common["MERGE"] = False
+            common["MERGE"] = False  # (set below, once the launch has its counters)
         opts = dict(num_warps=cfg.num_warps, num_stages=1)
     regs = cfg.max_registers
     if cfg.family == "wgmma_ws":
@@ -672,24 +672,20 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
         fin = (out, lse, counters if counters is not None else p.indices,
                out.stride(0), out.stride(1), lse.stride(0), lse.stride(1))
         extra = (*extra, *fin)
+        common["MERGE"] = counters is not None
     if cfg.kernel == "prefill":
         launch((T, n_hb), (
             *args, out, lse, *qstrides,
             out.stride(0), 0, out.stride(1), lse.stride(0), 0, lse.stride(1),
             *sizes, 1, p.list_len(cfg.block_n), *scales, *extra), dict(common, SPLIT=False, PDL=False), **opts)
         return lse
-    if counters is not None:  # the last split of each row merges: no combine kernel (nor its dependent launch)
-        launch((T * ns, n_hb), (
-            *args, part_o, part_lse, *qstrides,
-            part_o.stride(0), part_o.stride(1), part_o.stride(2),
-            part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
-            *sizes, ns, cfg.split_len, *scales, *extra), dict(common, SPLIT=True, PDL=False, MERGE=True), **opts)
-        return lse
     launch((T * ns, n_hb), (
         *args, part_o, part_lse, *qstrides,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
-        *sizes, ns, cfg.split_len, *scales, *extra), dict(common, SPLIT=True, PDL=pdl), **opts)
+        *sizes, ns, cfg.split_len, *scales, *extra), dict(common, SPLIT=True, PDL=pdl and counters is None), **opts)
+    if counters is not None:  # the last split of each row merged: no combine kernel (nor its dependent launch)
+        return lse
     _launch_combine((T, triton.cdiv(H, cfg.combine_block_h)), (
         part_o, part_lse, sink, out, lse,
         part_o.stride(0), part_o.stride(1), part_o.stride(2),
