@@ -192,12 +192,16 @@ GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         (32, "fp8_ds_mla_v4"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
         (64, "fp8_ds_mla_v4"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
     },
-    # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB)
-    "sm80": {(hc, cc): _M(16, 32, 4, 3, 1) for hc in HEAD_CLASSES
-             for cc in GLUON_CACHE_CLASSES},
-    # ~99 KB (sm86, sm89, sm120): two stages (93 KB)
-    "sm86": {(hc, cc): _M(16, 32, 4, 2, 1) for hc in HEAD_CLASSES
-             for cc in GLUON_CACHE_CLASSES},
+    # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB); more than 16 heads: as on sm86, with three
+    # stages (93 KB)
+    "sm80": {(hc, cc): _M(16, 32, 4, 3, 1) if hc == 16 or cc == "fp8_ds_mla_v4" else _M(32, 16, 4, 3, 1)
+             for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES},
+    # ~99 KB (sm86, sm89, sm120): two stages (93 KB). More than 16 heads: 32-head blocks of 16-row tiles (75 KB; half
+    # the rows gathered per head), measured with the sm120 entries on the H200 (benchmarks/NOTES.md, graph us, B=64):
+    # bf16 h32 / h64 / h128 77 / 140 / 264 vs 81 / 150 / 305 with 16-head blocks, fp8_ds_mla h64 / h128 187 / 355 vs
+    # 238 / 433 (DeepSeek-V4 pages keep 16-head blocks: unmeasured)
+    "sm86": {(hc, cc): _M(16, 32, 4, 2, 1) if hc == 16 or cc == "fp8_ds_mla_v4" else _M(32, 16, 4, 2, 1)
+             for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES},
 }
 GLUON_TABLE["sm89"] = GLUON_TABLE["sm86"]
 GLUON_TABLE["sm120"] = GLUON_TABLE["sm86"]
@@ -361,8 +365,8 @@ def gluon_config_problem(cfg: AttentionConfig, kv_format: str | None = None, arc
     """Why a Gluon config cannot be built as given (``None`` when it can): wgmma runs 64-head blocks on 8 warps with
     32- or 64-row tiles and at least two stages; wgmma_t runs 8-, 16- or 32-head blocks of 64-row tiles on one
     warpgroup (or two, each with half the heads) with at least two stages, within ``arch``'s shared memory for
-    ``kv_format`` (when both are given); mma2 runs 16-, 32- or 64-head blocks of 32- or 64-row tiles on 4 or 8 warps
-    (what the GPU tier covers); none takes the tl kernel's low-register variant."""
+    ``kv_format`` (when both are given); mma2 runs 16-, 32- or 64-head blocks of 16-, 32- or 64-row tiles on 4 or 8
+    warps (what the GPU tier covers); none takes the tl kernel's low-register variant."""
     if cfg.family == "wgmma_ws":
         if cfg.block_h not in (8, 16, 32) or cfg.num_warps not in (8, 12):
             return (f"block_h / num_warps: the wgmma_ws kernel runs block_h 8, 16 or 32 on 8 or 12 warps (4 consumer "
@@ -409,8 +413,8 @@ def gluon_config_problem(cfg: AttentionConfig, kv_format: str | None = None, arc
         if cfg.block_h not in (16, 32, 64) or cfg.num_warps not in (4, 8):
             return (f"block_h / num_warps: the mma2 kernel takes block_h 16, 32 or 64 on 4 or 8 warps, got "
                     f"{cfg.block_h} / {cfg.num_warps}")
-        if cfg.block_n not in (32, 64):
-            return f"block_n: the mma2 kernel takes 32 or 64, got {cfg.block_n}"
+        if cfg.block_n not in (16, 32, 64):
+            return f"block_n: the mma2 kernel takes 16, 32 or 64, got {cfg.block_n}"
         if cfg.num_stages < 1:
             return f"num_stages: at least 1, got {cfg.num_stages}"
     if cfg.family != "tl" and cfg.low_reg:

@@ -11,8 +11,9 @@ it):
   loaded one step ahead, so no step waits for an index;
 * q sits in shared memory and both dots read their operands from there (``ldmatrix``): the registers hold the
   four ``[BLOCK_H, 128]`` float32 accumulators and one tile's scores, nothing of the size of q or a tile;
-* the scores are split over the warps along the tile's rows and the output over the warps along its columns, so no
-  warp repeats another's work (Triton gives a 32-head block's scores to every warp);
+* each 16 heads of the block have their own warps; within them the scores are split over the warps along the tile's
+  rows and the output along its columns, so no warp repeats another's work or reads another's q (Triton gives a
+  32-head block's scores to every warp);
 * fp8_ds_mla: the raw 656-byte rows (e4m3 latent, float32 tile scales, bf16 RoPE) are gathered as bytes and
   dequantised once per tile from shared memory into a bf16 tile of exact values (value × its row's chunk scale)
   that both dots read; with ``F16_DOT`` (opt-in) into a float16 tile instead, each 128-column chunk divided by its
@@ -53,9 +54,11 @@ V4_ROW = gl.constexpr(576)  # bytes per DeepSeek-V4 row; the page's footer follo
 
 
 @constexpr_function
-def _mma_layout(num_warps):
-    """Scores and outputs: warps side by side along the columns (tile rows / output columns)."""
-    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, num_warps], instr_shape=[16, 8])
+def _mma_layout(num_warps, block_h):
+    """Scores and outputs: each 16 heads of the block on their own warps (a warp reads only its heads' q), the other
+    warps side by side along the columns (tile rows / output columns)."""
+    rows = min(block_h // 16, num_warps)
+    return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[rows, num_warps // rows], instr_shape=[16, 8])
 
 
 @constexpr_function
@@ -471,7 +474,7 @@ def _sparse_mla_fwd_mma2(
     i_s = i_ts % num_splits
     dt: gl.constexpr = q_nope_ptr.dtype.element_ty
 
-    MMA: gl.constexpr = _mma_layout(gl.num_warps())
+    MMA: gl.constexpr = _mma_layout(gl.num_warps(), BLOCK_H)
     DOT_A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     DOT_B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
     ROW: gl.constexpr = gl.SliceLayout(1, _gather_layout(8, gl.num_warps()))

@@ -1,0 +1,71 @@
+"""mma2 head blocks and tiles for the portable rows of issue 16 (ours_portable, sm120 table, against ours on sm90):
+each variant as ``--emulate sm120`` runs it (the sm120 entries' family, Triton's MMA v3 off), ours on sm90 beside.
+
+    DISABLE_MMA_V3=1 PYTHONPATH=src python benchmarks/scripts/ab_mma2_heads.py [quick]
+
+Every variant's output is checked against the float32 reference first (the bench's check); decode by graph
+replay (median of 5), prefill by do_bench. Session 18's runs: benchmarks/results/ab-h200-2026-12-03-mma2-heads.txt
+(these variants, the "sm120 table" line the 16-head entry before 32-head blocks took the table), and
+ab-h200-2026-12-03-mma2-qreg.txt (q in registers: benchmarks/scripts/ab_mma2_qreg.patch, dropped)."""
+import dataclasses
+import statistics
+import sys
+
+import torch
+
+from triton_mla_sparse.bench import DoBenchTimer, build_inputs, check_output, decode_case, prefill_case, reference_output
+from triton_mla_sparse.bench.timing import time_graph
+from triton_mla_sparse.capabilities import ARCHS
+from triton_mla_sparse.ops.sparse_mla import sparse_mla_attention_with_config
+from triton_mla_sparse.ops.sparse_mla.configs import choose_config
+
+QUICK = len(sys.argv) > 1 and sys.argv[1] == "quick"
+VARIANTS = {
+    "sm120 table": {},
+    "bh32 bn16 w4 st2": dict(block_h=32, block_n=16, num_warps=4, num_stages=2),
+    "bh32 bn16 w4 st3": dict(block_h=32, block_n=16, num_warps=4, num_stages=3),
+    "bh32 bn16 w4 st3 sp+1": dict(block_h=32, block_n=16, num_warps=4, num_stages=3, _more_splits=True),
+    "bh64 bn16 w8 st1": dict(block_h=64, block_n=16, num_warps=8, num_stages=1),
+    "bh32 bn32 w8 st1": dict(block_h=32, block_n=32, num_warps=8, num_stages=1),
+    "bh32 bn16 w8 st2": dict(block_h=32, block_n=16, num_warps=8, num_stages=2),
+    "bh16 bn32 w4 st2": dict(block_h=16, block_n=32, num_warps=4, num_stages=2),
+}
+CASES = [("decode", 64, "bf16"), ("decode", 128, "bf16"), ("decode", 32, "bf16"), ("decode", 64, "fp8_ds_mla"),
+         ("decode", 128, "fp8_ds_mla"), ("prefill", 64, "bf16")]
+timer = DoBenchTimer(1, rep=40)
+arch = ARCHS["sm120"]
+for kind, h, fmt in CASES[:2] if QUICK else CASES:
+    c = decode_case(h, 64, fmt) if kind == "decode" else prefill_case(h, fmt)
+    inp = build_inputs(c, "cuda")
+    ref, sel = reference_output(inp)
+    q, kv, idx, scale = inp.q, inp.kv_cache, inp.indices, inp.softmax_scale
+    kernel = "prefill" if kind == "prefill" else "auto"
+
+    def timed(over, label):
+        def fn():
+            return sparse_mla_attention_with_config(q, kv, idx, scale, kernel=kernel, kv_format=fmt, **over)
+        _, used = sparse_mla_attention_with_config(q, kv, idx, scale, kernel=kernel, kv_format=fmt,
+                                                   return_config=True, **over)
+        err, problem = check_output(c, fn(), ref, sel)
+        if problem:
+            print(f"{kind} h{h} {fmt:10s} {label:24s} WRONG {problem}", flush=True)
+            return
+        ms = (statistics.median(time_graph(fn) for _ in range(5)) if kind == "decode" else timer(fn))
+        print(f"{kind} h{h} {fmt:10s} {label:24s} {ms * 1000:8.1f} us err {err:.1e}  {used.describe()}", flush=True)
+
+    timed({}, "ours sm90")
+    for label, var in VARIANTS.items():
+        var = dict(var)
+        more = var.pop("_more_splits", False)
+        try:
+            cfg = choose_config(c.rows, c.heads, c.topk, q.device, "prefill" if kind == "prefill" else "auto",
+                                kv_format=fmt, arch=arch, q_dtype=q.dtype, family="mma2", **var)
+            if more and cfg.kernel == "decode":
+                cfg = choose_config(c.rows, c.heads, c.topk, q.device, "auto", kv_format=fmt, arch=arch,
+                                    q_dtype=q.dtype, family="mma2", num_splits=cfg.num_splits + 1, **var)
+            over = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("kernel", "split_len")}
+            timed(over, label)
+        except Exception as e:  # noqa: BLE001
+            print(f"{kind} h{h} {fmt:10s} {label:24s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+    del inp, ref, q, kv, idx
+    torch.cuda.empty_cache()
