@@ -1,7 +1,7 @@
 """mma2 head blocks and tiles for the portable rows of issue 16 (ours_portable, sm120 table, against ours on sm90):
 each variant as ``--emulate sm120`` runs it (the sm120 entries' family, Triton's MMA v3 off), ours on sm90 beside.
 
-    DISABLE_MMA_V3=1 PYTHONPATH=src python benchmarks/scripts/ab_mma2_heads.py [quick]
+    DISABLE_MMA_V3=1 PYTHONPATH=src python benchmarks/scripts/ab_mma2_heads.py [quick | b1]
 
 Every variant's output is checked against the float32 reference first (the bench's check); decode by graph
 replay (median of 5), prefill by do_bench. Session 18's runs: benchmarks/results/ab-h200-2026-12-03-mma2-heads.txt
@@ -19,7 +19,7 @@ from triton_mla_sparse.capabilities import ARCHS
 from triton_mla_sparse.ops.sparse_mla import sparse_mla_attention_with_config
 from triton_mla_sparse.ops.sparse_mla.configs import choose_config
 
-QUICK = len(sys.argv) > 1 and sys.argv[1] == "quick"
+MODE = sys.argv[1] if len(sys.argv) > 1 else ""  # "quick": the first two cases; "b1": one long request
 VARIANTS = {
     "sm120 table": {},
     "bh32 bn16 w4 st2": dict(block_h=32, block_n=16, num_warps=4, num_stages=2),
@@ -32,10 +32,22 @@ VARIANTS = {
 }
 CASES = [("decode", 64, "bf16"), ("decode", 128, "bf16"), ("decode", 32, "bf16"), ("decode", 64, "fp8_ds_mla"),
          ("decode", 128, "fp8_ds_mla"), ("prefill", 64, "bf16")]
+B1_VARIANTS = {  # one 64K request: the split count decides the grid
+    "sm120 table": {},
+    **{f"bh32 bn16 w4 st2 sp{n}": dict(block_h=32, block_n=16, num_warps=4, num_stages=2, num_splits=n)
+       for n in (8, 16, 32)},
+    "bh16 bn32 w4 st2": dict(block_h=16, block_n=32, num_warps=4, num_stages=2),
+}
+B1_CASES = [("decode", 128, "bf16"), ("decode", 128, "fp8_ds_mla"), ("decode", 64, "bf16")]
+if MODE == "b1":
+    VARIANTS, CASES = B1_VARIANTS, B1_CASES
 timer = DoBenchTimer(1, rep=40)
 arch = ARCHS["sm120"]
-for kind, h, fmt in CASES[:2] if QUICK else CASES:
-    c = decode_case(h, 64, fmt) if kind == "decode" else prefill_case(h, fmt)
+for kind, h, fmt in CASES[:2] if MODE == "quick" else CASES:
+    if MODE == "b1":
+        c = decode_case(h, 1, fmt, ctx=65536)
+    else:
+        c = decode_case(h, 64, fmt) if kind == "decode" else prefill_case(h, fmt)
     inp = build_inputs(c, "cuda")
     ref, sel = reference_output(inp)
     q, kv, idx, scale = inp.q, inp.kv_cache, inp.indices, inp.softmax_scale
@@ -51,7 +63,7 @@ for kind, h, fmt in CASES[:2] if QUICK else CASES:
             print(f"{kind} h{h} {fmt:10s} {label:24s} WRONG {problem}", flush=True)
             return
         ms = (statistics.median(time_graph(fn) for _ in range(5)) if kind == "decode" else timer(fn))
-        print(f"{kind} h{h} {fmt:10s} {label:24s} {ms * 1000:8.1f} us err {err:.1e}  {used.describe()}", flush=True)
+        print(f"{kind} h{h} B={c.rows} {fmt:10s} {label:24s} {ms * 1000:8.1f} us err {err:.1e}  {used.describe()}", flush=True)
 
     timed({}, "ours sm90")
     for label, var in VARIANTS.items():

@@ -47,6 +47,7 @@ class Launch:
     overlap: bool = False  # wgmma_t with fp8_ds_mla / V4 pages: dequantise the next tile during this one's output MMAs
     max_waves: int = 2  # decode splits fill at most this many waves of resident programs (1: each SM's one program
     # streams its split without a second wave behind it)
+    min_split_tiles: int = 1  # decode splits (chosen by the table) hold at least this many tiles of the row's list
     prefill: Launch | None = None  # the prefill kernel's entry where another kernel family is faster there
     pdl: bool = False  # decode: the combine kernel as a programmatic dependent launch (where the target has it)
     merge: bool = False  # wgmma_t decode of 2..MERGE_SPLITS splits: the row's last split merges, no combine kernel
@@ -194,13 +195,16 @@ GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
     },
     # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB); more than 16 heads: as on sm86, with three
     # stages (93 KB)
-    "sm80": {(hc, cc): _M(16, 32, 4, 3, 1) if hc == 16 or cc == "fp8_ds_mla_v4" else _M(32, 16, 4, 3, 1)
+    "sm80": {(hc, cc): _M(16, 32, 4, 3, 1) if hc == 16 or cc == "fp8_ds_mla_v4" else _M(32, 16, 4, 3, 1,
+                                                                                         min_split_tiles=8)
              for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES},
     # ~99 KB (sm86, sm89, sm120): two stages (93 KB). More than 16 heads: 32-head blocks of 16-row tiles (75 KB; half
     # the rows gathered per head), measured with the sm120 entries on the H200 (benchmarks/NOTES.md, graph us, B=64):
     # bf16 h32 / h64 / h128 77 / 140 / 264 vs 81 / 150 / 305 with 16-head blocks, fp8_ds_mla h64 / h128 187 / 355 vs
-    # 238 / 433 (DeepSeek-V4 pages keep 16-head blocks: unmeasured)
-    "sm86": {(hc, cc): _M(16, 32, 4, 2, 1) if hc == 16 or cc == "fp8_ds_mla_v4" else _M(32, 16, 4, 2, 1)
+    # 238 / 433; splits of at least 8 tiles (one 64K request, h128 bf16: 25 us with 16 splits, 49 with the 64 that
+    # fill two waves, 29 with 16-head blocks). DeepSeek-V4 pages keep 16-head blocks (unmeasured).
+    "sm86": {(hc, cc): _M(16, 32, 4, 2, 1) if hc == 16 or cc == "fp8_ds_mla_v4" else _M(32, 16, 4, 2, 1,
+                                                                                         min_split_tiles=8)
              for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES},
 }
 GLUON_TABLE["sm89"] = GLUON_TABLE["sm86"]
@@ -503,7 +507,8 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
         num_splits = 1
         num_stages = launch.prefill_stages or num_stages
     else:
-        num_splits = overrides.pop("num_splits", _split_count(T * n_hb, n_blocks, slots, launch.max_waves))
+        max_splits = -(-n_blocks // launch.min_split_tiles)
+        num_splits = overrides.pop("num_splits", _split_count(T * n_hb, max_splits, slots, launch.max_waves))
     split_len = -(-(-(-topk // num_splits)) // block_n) * block_n
     num_splits = -(-topk // split_len)
     cfg = AttentionConfig(kernel=kernel, block_h=block_h, block_n=block_n, num_splits=num_splits,
