@@ -23,6 +23,7 @@ SHAPES = [("mma2", 8, 16, 32, 4, 2), ("mma2", 16, 16, 32, 4, 1), ("mma2", 16, 16
           ("mma2", 16, 16, 64, 8, 2), ("mma2", 64, 32, 64, 8, 2), ("mma2", 128, 64, 32, 8, 2),
           ("mma2", 128, 16, 32, 4, 2), ("mma2", 64, 32, 16, 4, 2), ("mma2", 64, 32, 16, 4, 3),
           ("mma2", 40, 64, 16, 8, 1), ("mma2", 48, 32, 16, 8, 2), ("mma2", 24, 32, 32, 8, 1),
+          ("mma2", 16, 16, 16, 4, 2), ("mma2", 12, 16, 16, 8, 2),
           ("wgmma", 64, 64, 64, 8, 2), ("wgmma", 128, 64, 32, 8, 3),
           ("wgmma", 40, 64, 32, 8, 4), ("wgmma", 16, 64, 64, 8, 2),
           ("wgmma_t", 16, 16, 64, 4, 2), ("wgmma_t", 16, 16, 64, 4, 3), ("wgmma_t", 8, 8, 64, 4, 2),
@@ -389,13 +390,16 @@ def _regrouped(cache: torch.Tensor, kv_format: str, bs: int) -> torch.Tensor:
     return view
 
 
-@pytest.mark.parametrize("family", [None, "tl", "mma2", "wgmma_t", "wgmma", "wgmma_ws"])
+@pytest.mark.parametrize("family", [None, "tl", "mma2", "mma2-bh32", "wgmma_t", "wgmma", "wgmma_ws"])
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
 def test_extra_cache(pool, fmt, kernel, family):
     """An extra cache (DeepSeek-V4's second list) read by each kernel family (None: the table's choice) on a
     problem the table gives a Gluon kernel: both caches (the extra one NaN outside its selected rows, in blocks of
-    another size with other strides), garbage ids and lengths in both lists, a sink."""
+    another size with other strides), garbage ids and lengths in both lists, a sink; "mma2-bh32": mma2 with the
+    32-head blocks of 16-row tiles of the sm8x / sm120 tables."""
+    over = {"block_h": 32, "block_n": 16, "num_warps": 4} if family == "mma2-bh32" else {}
+    family = "mma2" if over else family
     if family not in (None, "tl"):
         _skip_unless_supported(fmt, family)
     torch.manual_seed(9)
@@ -413,7 +417,8 @@ def test_extra_cache(pool, fmt, kernel, family):
     _, lse, cfg = sparse_mla_attention_with_config(q, c.tensor, idx, SCALE, kv_format=c.kv_format, topk_length=tl1,
                                                    attn_sink=sink, out=out, kernel=kernel, return_lse=True,
                                                    return_config=True, **({"family": family} if family else {}),
-                                                   **extra)
+                                                   **over, **extra)
     assert family is None or cfg.family == family
+    assert all(getattr(cfg, k) == v for k, v in over.items())
     check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format, topk_length=tl1, attn_sink=sink,
                             **extra)

@@ -48,7 +48,8 @@ def garbage_slots(T: int, topk: int, num_slots: int, seed: int) -> torch.Tensor:
     return torch.where(bad, junk, idx).to(torch.int32).to(DEV)
 
 
-FAMILIES = {"table": {}, "tl": {"family": "tl"}, "mma2": {"family": "mma2"}, "wgmma": {"family": "wgmma"},
+FAMILIES = {"table": {}, "tl": {"family": "tl"}, "mma2": {"family": "mma2"},
+            "mma2-bh32": {"family": "mma2", "block_h": 32, "block_n": 16}, "wgmma": {"family": "wgmma"},
             "wgmma_t": {"family": "wgmma_t", "overlap": True}, "wgmma_t-plain": {"family": "wgmma_t", "overlap": False}}
 
 

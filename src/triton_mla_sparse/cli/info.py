@@ -84,7 +84,7 @@ def _describe(launch: Launch) -> str:
     flags = "".join(f" +{k}" for k in ("low_reg", "f16_dot", "overlap", "pdl", "merge") if getattr(launch, k))
     flags += f" reg{launch.max_registers}" if launch.max_registers is not None else ""
     flags += f" waves<={launch.max_waves}" if launch.max_waves != 2 else ""
-    flags += f" split>={launch.min_split_tiles}tiles" if launch.min_split_tiles != 1 else ""
+    flags += f" split>={launch.min_split_len}" if launch.min_split_len != 1 else ""
     return f"{launch.family} bh{launch.block_h} {bn} w{launch.num_warps} {stages} x{launch.programs_per_sm}{flags}"
 
 

@@ -102,15 +102,18 @@ def test_prefill_entries_and_one_wave_decode(on_gpu):
 @pytest.mark.parametrize("arch_name", ["sm80", "sm86", "sm89", "sm120"])
 def test_mma2_entries_above_16_heads(arch_name, on_gpu):
     """sm8x / sm120 run more than 16 heads as 32-head blocks of 16-row tiles (V4 pages: 16-head blocks), and the
-    table's split count leaves each split at least 8 tiles: one 64K request at 128 heads takes 16 splits of 128
-    entries, not the 64 of 32 that would fill two waves; a batch of 64 keeps its one-wave choice."""
+    table's split count leaves splits of 128 entries or more: one 64K request at 128 heads takes 16 splits of 128
+    entries, not the 64 of 32 that would fill two waves, whatever tile an override asks for; a num_splits override is
+    taken as given."""
     arch = ARCHS[arch_name]
     for fmt in ("bf16", "fp8_ds_mla"):
         one = choose_config(1, 128, 2048, CPU, kv_format=fmt, arch=arch, kernel="decode")
-        assert (one.family, one.block_h, one.block_n, one.num_warps) == ("mma2", 32, 16, 4)
+        assert (one.family, one.block_h, one.block_n, one.num_warps, one.num_stages) == ("mma2", 32, 16, 4, 2)
         assert (one.num_splits, one.split_len) == (16, 128)
-        assert choose_config(64, 64, 2048, CPU, kv_format=fmt, arch=arch, kernel="decode").num_splits == 2
+        wide = choose_config(1, 128, 2048, CPU, kv_format=fmt, arch=arch, kernel="decode", block_n=64)
+        assert (wide.num_splits, wide.split_len) == (16, 128)
         assert choose_config(1, 128, 2048, CPU, kv_format=fmt, arch=arch, num_splits=64).num_splits == 64
+        assert choose_config(64, 64, 2048, CPU, kv_format=fmt, arch=arch, kernel="decode").num_splits == 2
         assert choose_config(1, 16, 2048, CPU, kv_format=fmt, arch=arch).block_h == 16
     assert choose_config(1, 64, 640, CPU, kv_format="fp8_ds_mla_v4", arch=arch).block_h == 16
 

@@ -47,7 +47,8 @@ class Launch:
     overlap: bool = False  # wgmma_t with fp8_ds_mla / V4 pages: dequantise the next tile during this one's output MMAs
     max_waves: int = 2  # decode splits fill at most this many waves of resident programs (1: each SM's one program
     # streams its split without a second wave behind it)
-    min_split_tiles: int = 1  # decode splits (chosen by the table) hold at least this many tiles of the row's list
+    min_split_len: int = 1  # the table's decode split count is at most list length // this (splits of about this
+    # many entries or more; a num_splits override is taken as given)
     prefill: Launch | None = None  # the prefill kernel's entry where another kernel family is faster there
     pdl: bool = False  # decode: the combine kernel as a programmatic dependent launch (where the target has it)
     merge: bool = False  # wgmma_t decode of 2..MERGE_SPLITS splits: the row's last split merges, no combine kernel
@@ -153,9 +154,10 @@ TABLE: dict[str, dict[tuple[int, str], Launch]] = {
 # wgmma (kernels_wgmma.py: 64-head blocks, two warpgroups) runs more than 32 heads and (unmeasured against wgmma_t)
 # 32-head prefill (h128 bf16 decode 0.131
 # vs 0.254, prefill 6.5 vs 13.5). fp8_ds_mla runs bf16 tiles of exact values (f16_dot off): faster than the float16
-# tiles in chunk units at every measured shape and free of their range limit. Elsewhere (sm80, sm86/89/120:
-# unmeasured, no such GPU) the entries fit the shared memory: 16-head blocks of 32-row tiles. Everything else, and
-# every problem under the interpreter, runs the tl kernel of TABLE.
+# tiles in chunk units at every measured shape and free of their range limit. Elsewhere (sm80, sm86/89/120: no such
+# GPU; timed only through the sm120 entries on the H200, `bench --emulate sm120`) the entries fit the shared memory:
+# 16-head blocks of 32-row tiles up to 16 heads, 32-head blocks of 16-row tiles above. Everything else, and every
+# problem under the interpreter, runs the tl kernel of TABLE.
 _M = functools.partial(Launch, family="mma2")
 _W = functools.partial(Launch, family="wgmma")
 _T = functools.partial(Launch, family="wgmma_t")
@@ -193,18 +195,19 @@ GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         (32, "fp8_ds_mla_v4"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
         (64, "fp8_ds_mla_v4"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
     },
-    # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB); more than 16 heads: as on sm86, with three
-    # stages (93 KB)
-    "sm80": {(hc, cc): _M(16, 32, 4, 3, 1) if hc == 16 or cc == "fp8_ds_mla_v4" else _M(32, 16, 4, 3, 1,
-                                                                                         min_split_tiles=8)
+    # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB); more than 16 heads: sm86's entry (two
+    # 75 KB programs per SM, as measured on the H200)
+    "sm80": {(hc, cc): _M(16, 32, 4, 3, 1) if hc == 16 or cc == "fp8_ds_mla_v4" else _M(32, 16, 4, 2, 1,
+                                                                                         min_split_len=128)
              for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES},
     # ~99 KB (sm86, sm89, sm120): two stages (93 KB). More than 16 heads: 32-head blocks of 16-row tiles (75 KB; half
     # the rows gathered per head), measured with the sm120 entries on the H200 (benchmarks/NOTES.md, graph us, B=64):
     # bf16 h32 / h64 / h128 77 / 140 / 264 vs 81 / 150 / 305 with 16-head blocks, fp8_ds_mla h64 / h128 187 / 355 vs
-    # 238 / 433; splits of at least 8 tiles (one 64K request, h128 bf16: 25 us with 16 splits, 49 with the 64 that
-    # fill two waves, 29 with 16-head blocks). DeepSeek-V4 pages keep 16-head blocks (unmeasured).
+    # 238 / 433; splits of 128 entries or more (one 64K request, h128 bf16: 25 us with 16 splits, 49 with the 64 that
+    # fill two waves, 29 with 16-head blocks). The H200 ran two programs per SM where a 99 KB SM holds one of 75 KB:
+    # the emulation's limit. DeepSeek-V4 pages keep 16-head blocks (unmeasured).
     "sm86": {(hc, cc): _M(16, 32, 4, 2, 1) if hc == 16 or cc == "fp8_ds_mla_v4" else _M(32, 16, 4, 2, 1,
-                                                                                         min_split_tiles=8)
+                                                                                         min_split_len=128)
              for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES},
 }
 GLUON_TABLE["sm89"] = GLUON_TABLE["sm86"]
@@ -507,7 +510,7 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
         num_splits = 1
         num_stages = launch.prefill_stages or num_stages
     else:
-        max_splits = -(-n_blocks // launch.min_split_tiles)
+        max_splits = min(n_blocks, max(1, topk // launch.min_split_len))
         num_splits = overrides.pop("num_splits", _split_count(T * n_hb, max_splits, slots, launch.max_waves))
     split_len = -(-(-(-topk // num_splits)) // block_n) * block_n
     num_splits = -(-topk // split_len)

@@ -11,9 +11,9 @@ it):
   loaded one step ahead, so no step waits for an index;
 * q sits in shared memory and both dots read their operands from there (``ldmatrix``): the registers hold the
   four ``[BLOCK_H, 128]`` float32 accumulators and one tile's scores, nothing of the size of q or a tile;
-* each 16 heads of the block have their own warps; within them the scores are split over the warps along the tile's
-  rows and the output along its columns, so no warp repeats another's work or reads another's q (Triton gives a
-  32-head block's scores to every warp);
+* each 16 heads of a block of up to 32 have their own warps; within them the scores are split over the warps along
+  the tile's rows and the output along its columns, so no warp reads another's q and, where the tile has 8 rows a
+  warp, none repeats another's work (Triton gives a 32-head block's scores to every warp);
 * fp8_ds_mla: the raw 656-byte rows (e4m3 latent, float32 tile scales, bf16 RoPE) are gathered as bytes and
   dequantised once per tile from shared memory into a bf16 tile of exact values (value × its row's chunk scale)
   that both dots read; with ``F16_DOT`` (opt-in) into a float16 tile instead, each 128-column chunk divided by its
@@ -27,7 +27,8 @@ it):
   whole tiles, then the extra list, as the tl kernel walks them; each tile reads one cache, chosen by its first
   entry (:func:`_src`), in one softmax.
 
-Every layout is derived from ``num_warps``; the launch table decides where this kernel runs (``family``).
+Every layout is derived from ``num_warps`` and ``BLOCK_H``; the launch table decides where this kernel runs
+(``family``).
 """
 
 from __future__ import annotations
@@ -55,9 +56,10 @@ V4_ROW = gl.constexpr(576)  # bytes per DeepSeek-V4 row; the page's footer follo
 
 @constexpr_function
 def _mma_layout(num_warps, block_h):
-    """Scores and outputs: each 16 heads of the block on their own warps (a warp reads only its heads' q), the other
-    warps side by side along the columns (tile rows / output columns)."""
-    rows = min(block_h // 16, num_warps)
+    """Scores and outputs: up to 32-head blocks, each 16 heads on their own warps (a warp reads only its heads' q),
+    the other warps side by side along the columns (tile rows / output columns); 64-head blocks (no table entry) keep
+    all warps along the columns, which builds them without spills."""
+    rows = min(block_h // 16, num_warps) if block_h <= 32 else 1
     return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[rows, num_warps // rows], instr_shape=[16, 8])
 
 
