@@ -7,17 +7,15 @@ Every variant's output is checked against the float32 reference first (the bench
 replay (median of 5), prefill by do_bench. Session 18's runs: benchmarks/results/ab-h200-2026-12-03-mma2-heads.txt
 (these variants, the "sm120 table" line the 16-head entry before 32-head blocks took the table), and
 ab-h200-2026-12-03-mma2-qreg.txt (q in registers: benchmarks/scripts/ab_mma2_qreg.patch, dropped)."""
-import dataclasses
 import statistics
 import sys
 
 import torch
 
 from triton_mla_sparse.bench import DoBenchTimer, build_inputs, check_output, decode_case, prefill_case, reference_output
+from triton_mla_sparse.bench.portable import emulated_overrides
 from triton_mla_sparse.bench.timing import time_graph
-from triton_mla_sparse.capabilities import ARCHS
 from triton_mla_sparse.ops.sparse_mla import sparse_mla_attention_with_config
-from triton_mla_sparse.ops.sparse_mla.configs import choose_config
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else ""  # "quick": the first two cases; "b1": one long request
 VARIANTS = {
@@ -42,7 +40,6 @@ B1_CASES = [("decode", 128, "bf16"), ("decode", 128, "fp8_ds_mla"), ("decode", 6
 if MODE == "b1":
     VARIANTS, CASES = B1_VARIANTS, B1_CASES
 timer = DoBenchTimer(1, rep=40)
-arch = ARCHS["sm120"]
 for kind, h, fmt in CASES[:2] if MODE == "quick" else CASES:
     if MODE == "b1":
         c = decode_case(h, 1, fmt, ctx=65536)
@@ -51,9 +48,8 @@ for kind, h, fmt in CASES[:2] if MODE == "quick" else CASES:
     inp = build_inputs(c, "cuda")
     ref, sel = reference_output(inp)
     q, kv, idx, scale = inp.q, inp.kv_cache, inp.indices, inp.softmax_scale
-    kernel = "prefill" if kind == "prefill" else "auto"
 
-    def timed(over, label):
+    def timed(over, label, kernel="auto"):
         def fn():
             return sparse_mla_attention_with_config(q, kv, idx, scale, kernel=kernel, kv_format=fmt, **over)
         _, used = sparse_mla_attention_with_config(q, kv, idx, scale, kernel=kernel, kv_format=fmt,
@@ -63,20 +59,18 @@ for kind, h, fmt in CASES[:2] if MODE == "quick" else CASES:
             print(f"{kind} h{h} {fmt:10s} {label:24s} WRONG {problem}", flush=True)
             return
         ms = (statistics.median(time_graph(fn) for _ in range(5)) if kind == "decode" else timer(fn))
-        print(f"{kind} h{h} B={c.rows} {fmt:10s} {label:24s} {ms * 1000:8.1f} us err {err:.1e}  {used.describe()}", flush=True)
+        print(f"{kind} h{h} B={c.rows} {fmt:10s} {label:24s} {ms * 1000:8.1f} us err {err:.1e}  {used.describe()}",
+              flush=True)
 
-    timed({}, "ours sm90")
+    timed({}, "ours sm90", "prefill" if kind == "prefill" else "auto")
     for label, var in VARIANTS.items():
         var = dict(var)
         more = var.pop("_more_splits", False)
         try:
-            cfg = choose_config(c.rows, c.heads, c.topk, q.device, "prefill" if kind == "prefill" else "auto",
-                                kv_format=fmt, arch=arch, q_dtype=q.dtype, family="mma2", **var)
-            if more and cfg.kernel == "decode":
-                cfg = choose_config(c.rows, c.heads, c.topk, q.device, "auto", kv_format=fmt, arch=arch,
-                                    q_dtype=q.dtype, family="mma2", num_splits=cfg.num_splits + 1, **var)
-            over = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("kernel", "split_len")}
-            timed(over, label)
+            kern, over = emulated_overrides("sm120", c, q, family="mma2", **var)
+            if more and kern == "decode":
+                over["num_splits"] += 1
+            timed(over, label, kern)
         except Exception as e:  # noqa: BLE001
             print(f"{kind} h{h} {fmt:10s} {label:24s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
     del inp, ref, q, kv, idx

@@ -14,9 +14,13 @@ from .test_gpu import (BS, NB, NUM_SLOTS, ROWS, SCALE, TOPK, _fill_nan_, _with_g
 from triton_mla_sparse.testing import rel_err
 from triton_mla_sparse.capabilities import arch_for_device
 from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
-from triton_mla_sparse.ops.sparse_mla.configs import gluon_supported
+from triton_mla_sparse.ops.sparse_mla.configs import GLUON_TABLE, gluon_supported
 
 pytestmark = [*GPU_TIER, gpu_only]
+
+# the Ampere-class tables' mma2 shape above 16 heads (32-head blocks of 16-row tiles), as overrides
+_WIDE = GLUON_TABLE["sm120"][(64, "16bit")]
+MMA2_WIDE = {"block_h": _WIDE.block_h, "block_n": _WIDE.block_n, "num_warps": _WIDE.num_warps}
 
 # (family, heads, block_h, block_n, num_warps, stages)
 SHAPES = [("mma2", 8, 16, 32, 4, 2), ("mma2", 16, 16, 32, 4, 1), ("mma2", 16, 16, 32, 4, 3), ("mma2", 16, 16, 32, 4, 4),
@@ -398,7 +402,7 @@ def test_extra_cache(pool, fmt, kernel, family):
     problem the table gives a Gluon kernel: both caches (the extra one NaN outside its selected rows, in blocks of
     another size with other strides), garbage ids and lengths in both lists, a sink; "mma2-bh32": mma2 with the
     32-head blocks of 16-row tiles of the sm8x / sm120 tables."""
-    over = {"block_h": 32, "block_n": 16, "num_warps": 4} if family == "mma2-bh32" else {}
+    over = MMA2_WIDE if family == "mma2-bh32" else {}
     family = "mma2" if over else family
     if family not in (None, "tl"):
         _skip_unless_supported(fmt, family)

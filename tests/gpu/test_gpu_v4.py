@@ -17,6 +17,8 @@ from triton_mla_sparse import reference
 from triton_mla_sparse.ops.sparse_mla.api import sparse_mla_attention_with_config
 from triton_mla_sparse.testing import place_v4, rel_err, take_rows, v4_values
 
+from .test_gpu_gluon import MMA2_WIDE
+
 pytestmark = GPU_TIER
 
 V4 = "fp8_ds_mla_v4"
@@ -49,7 +51,7 @@ def garbage_slots(T: int, topk: int, num_slots: int, seed: int) -> torch.Tensor:
 
 
 FAMILIES = {"table": {}, "tl": {"family": "tl"}, "mma2": {"family": "mma2"},
-            "mma2-bh32": {"family": "mma2", "block_h": 32, "block_n": 16}, "wgmma": {"family": "wgmma"},
+            "mma2-bh32": {"family": "mma2", **MMA2_WIDE}, "wgmma": {"family": "wgmma"},
             "wgmma_t": {"family": "wgmma_t", "overlap": True}, "wgmma_t-plain": {"family": "wgmma_t", "overlap": False}}
 
 

@@ -7,7 +7,7 @@ Triton keys its in-process kernel cache by a kernel's arguments, not by that var
 compiled and timed in a child process that has it from the start and its own Triton cache folder; the child then
 reads every kernel it compiled and refuses the figures if any PTX holds a wgmma instruction. Everything else (the
 head and gather blocks, splits, warps, stages, the software e4m3 decode where the family has no fp8 conversions)
-comes from the family's table entry through ``config_overrides``; the multiprocessor count stays the device's.
+comes from the family's table entry (:func:`emulated_overrides`); the multiprocessor count stays the device's.
 """
 
 from __future__ import annotations
@@ -30,6 +30,19 @@ EMULATED = ("sm80", "sm86", "sm89", "sm120")  # the families whose Triton path h
 METHOD = "ours_portable"
 
 
+def emulated_overrides(arch_name: str, case: Case, q: torch.Tensor, **choice: object) -> tuple[str, dict]:
+    """The kernel and every field of the config that ``arch_name``'s launch table (with ``choice``: e.g. ``family``,
+    ``block_h``) picks for ``case``, as overrides for ``sparse_mla_attention_with_config`` on the GPU at hand
+    (split_len is left to follow num_splits; the multiprocessor count is the device's)."""
+    from ..capabilities import ARCHS
+    from ..ops.sparse_mla.configs import choose_config
+
+    # both lists' length, as the API counts them (DeepSeek-V4 cases: window + compressed)
+    cfg = choose_config(case.rows, case.heads, case.topk + case.extra_topk, q.device, "auto",
+                        kv_format=case.kv_format, arch=ARCHS[arch_name], q_dtype=q.dtype, **choice)
+    return cfg.kernel, {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("kernel", "split_len")}
+
+
 def portable_factory(family: str) -> MethodFactory:
     """The ``ours_portable`` method factory for ``family`` (one of :data:`EMULATED`)."""
     if family not in EMULATED:
@@ -41,7 +54,6 @@ def portable_factory(family: str) -> MethodFactory:
 
     def build(inp: CaseInputs) -> Prepared:
         from ..ops.sparse_mla import sparse_mla_attention_with_config
-        from ..ops.sparse_mla.configs import choose_config
 
         c = inp.case
         if c.kind not in ("decode", "prefill"):
@@ -51,18 +63,14 @@ def portable_factory(family: str) -> MethodFactory:
                                       topk=c.topk, block_size=c.block_size, device_desc=family)
         if reasons:
             raise Unsupported("; ".join(reasons))
-        # both lists' length, as the API counts them (DeepSeek-V4 cases: window + compressed)
-        cfg = choose_config(c.rows, c.heads, c.topk + c.extra_topk, q.device, "auto", kv_format=fmt, arch=arch,
-                            q_dtype=q.dtype)
-        # every field of the family's choice (split_len follows num_splits; the kernel is its own argument)
-        over = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("kernel", "split_len")}
+        kernel, over = emulated_overrides(family, c, q)
         out = torch.empty(q.shape[0], q.shape[1], D_V, dtype=q.dtype, device=q.device)
         kw = inp.extras()  # DeepSeek-V4 cases: the second cache, lengths, sink
-        _, used = sparse_mla_attention_with_config(q, kv, idx, scale, kv_format=fmt, out=out, kernel=cfg.kernel,
+        _, used = sparse_mla_attention_with_config(q, kv, idx, scale, kv_format=fmt, out=out, kernel=kernel,
                                                    return_config=True, **kw, **over)
 
         def fn() -> torch.Tensor:
-            return sparse_mla_attention_with_config(q, kv, idx, scale, kv_format=fmt, out=out, kernel=cfg.kernel,
+            return sparse_mla_attention_with_config(q, kv, idx, scale, kv_format=fmt, out=out, kernel=kernel,
                                                     **kw, **over)
 
         return Prepared(fn=fn, config=f"{family} table: {used.describe()}")

@@ -170,6 +170,21 @@ WS_CACHE_CLASSES = ("fp8_ds_mla",)  # what the warp-specialised kernel reads (ke
 GLUON_ONLY_SWITCHES = ("overlap", "merge")  # AttentionConfig switches of a Gluon kernel (the tl kernel refuses them)
 COMPILED_ONLY_SWITCHES = ("pdl", "merge")  # switches of a compiled NVIDIA launch (refused under the interpreter)
 MERGE_SPLITS = 2  # a merging decode loads every split's partial at once: up to this many (more, or one: combine kernel)
+
+
+def _mma2_entries(stages: int) -> dict[tuple[int, str], Launch]:
+    """mma2 entries of the Ampere-class targets: up to 16 heads (and DeepSeek-V4 pages, unmeasured otherwise)
+    16-head blocks of 32-row tiles with ``stages`` stages; more than 16 heads 32-head blocks of 16-row tiles (75 KB;
+    half the rows gathered per head), measured with the sm120 entries on the H200 (benchmarks/NOTES.md, graph us,
+    B=64): bf16 h32 / h64 / h128 77 / 140 / 264 vs 81 / 150 / 305 with 16-head blocks, fp8_ds_mla h64 / h128 187 / 355
+    vs 238 / 433; splits of 128 entries or more (one 64K request, h128 bf16: 25 us with 16 splits, 49 with the 64 that
+    fill two waves, 29 with 16-head blocks). The H200 ran two programs per SM where a 99 KB SM holds one of 75 KB: the
+    emulation's limit."""
+    narrow, wide = _M(16, 32, 4, stages, 1), _M(32, 16, 4, 2, 1, min_split_len=128)
+    return {(hc, cc): narrow if hc == 16 or cc == "fp8_ds_mla_v4" else wide
+            for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES}
+
+
 GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
     "sm90": {
         # decode: wgmma_t (tile rows along M, one warpgroup, one program per SM, one wave of splits); bf16 prefill at
@@ -195,20 +210,11 @@ GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         (32, "fp8_ds_mla_v4"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
         (64, "fp8_ds_mla_v4"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
     },
-    # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB); more than 16 heads: sm86's entry (two
+    # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB) up to 16 heads; above, sm86's entry (two
     # 75 KB programs per SM, as measured on the H200)
-    "sm80": {(hc, cc): _M(16, 32, 4, 3, 1) if hc == 16 or cc == "fp8_ds_mla_v4" else _M(32, 16, 4, 2, 1,
-                                                                                         min_split_len=128)
-             for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES},
-    # ~99 KB (sm86, sm89, sm120): two stages (93 KB). More than 16 heads: 32-head blocks of 16-row tiles (75 KB; half
-    # the rows gathered per head), measured with the sm120 entries on the H200 (benchmarks/NOTES.md, graph us, B=64):
-    # bf16 h32 / h64 / h128 77 / 140 / 264 vs 81 / 150 / 305 with 16-head blocks, fp8_ds_mla h64 / h128 187 / 355 vs
-    # 238 / 433; splits of 128 entries or more (one 64K request, h128 bf16: 25 us with 16 splits, 49 with the 64 that
-    # fill two waves, 29 with 16-head blocks). The H200 ran two programs per SM where a 99 KB SM holds one of 75 KB:
-    # the emulation's limit. DeepSeek-V4 pages keep 16-head blocks (unmeasured).
-    "sm86": {(hc, cc): _M(16, 32, 4, 2, 1) if hc == 16 or cc == "fp8_ds_mla_v4" else _M(32, 16, 4, 2, 1,
-                                                                                         min_split_len=128)
-             for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES},
+    "sm80": _mma2_entries(3),
+    # ~99 KB (sm86, sm89, sm120): two stages (93 KB) up to 16 heads
+    "sm86": _mma2_entries(2),
 }
 GLUON_TABLE["sm89"] = GLUON_TABLE["sm86"]
 GLUON_TABLE["sm120"] = GLUON_TABLE["sm86"]
