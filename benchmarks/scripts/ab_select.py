@@ -1,6 +1,7 @@
 """A/B timing of the split select's chunk / step / tail sizes inside ``indexer_topk`` on decode rows (graph-replay
 medians, µs) for whichever source tree is on PYTHONPATH; trees that lack a field skip the variants that set it.
-Behind benchmarks/results/ab-h200-2026-12-03-select.txt (session 16, benchmarks/NOTES.md):
+Behind benchmarks/results/ab-h200-2026-12-03-select.txt (session 16) and ab-h200-2026-12-03-fused.txt (session 19,
+the fused variants; benchmarks/NOTES.md):
 
     PYTHONPATH=<tree>/src python benchmarks/scripts/ab_select.py <tag> [VARIANT,VARIANT,...]
 
@@ -36,6 +37,11 @@ VARIANTS = {  # (split_chunk, split_block, split_tail)
     "c8192 b8192 t512": dict(split_chunk=8192, split_block=8192, split_tail=512),
     "c4096 b1024 t512": dict(split_chunk=4096, split_block=1024, split_tail=512),
     "c16384 b2048 t512": dict(split_chunk=16384, split_block=2048, split_tail=512),
+    # session 19: the steps as one launch (SelectConfig.fused: benchmarks/scripts/ab_select_fused.patch applied)
+    "fused c8192 b4096 t512": dict(split_chunk=8192, split_block=4096, split_tail=512, fused=True),
+    "fused c8192 b2048 t512": dict(split_chunk=8192, split_block=2048, split_tail=512, fused=True),
+    "fused c8192 b1024 t512": dict(split_chunk=8192, split_block=1024, split_tail=512, fused=True),
+    "fused c16384 b2048 t512": dict(split_chunk=16384, split_block=2048, split_tail=512, fused=True),
 }
 
 

@@ -181,6 +181,18 @@ def _topk_hist_kernel(x_ptr, ws_ptr, stride_x_t, stride_x_p, stride_w_t, L, n_ch
 
 
 @triton.jit
+def _bin_keys(b_thr, lo, kbase, shift):
+    """Threshold bin ``b_thr`` of :func:`_bins`'s ``(kbase, shift)`` as bounds on :func:`_sortable_key32`'s keys: a
+    counted candidate's bin is above ``b_thr`` iff ``any_gt`` and its key is at least ``key_gt``, and is ``b_thr``
+    iff it is not above and its key is at least ``key_eq`` (which is never below ``lo``: no uncounted key)."""
+    k_hi = kbase + ((b_thr + 1).to(tl.int64) << shift)  # bins are (key - kbase) >> shift on candidates (key >= lo)
+    k_lo = tl.maximum(kbase + (b_thr.to(tl.int64) << shift), lo)
+    any_gt = k_hi <= 4294967295  # past the top of the key range no key is above the bin
+    key_gt = (tl.minimum(tl.maximum(k_hi, lo), 4294967295) - 2147483648).to(tl.int32)
+    return any_gt, key_gt, (k_lo - 2147483648).to(tl.int32)
+
+
+@triton.jit
 def _digit_hist(off, m_j, prefix, sh, width):
     """The histogram of the ``width``-bit digit at bit ``sh`` of the boundary keys ``off`` (relative to the bins'
     base; ``m_j``: present) that share ``prefix`` above it."""
@@ -246,20 +258,25 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
     need = tl.load(p_s + _NEED)
     n_bound = tl.load(p_s + _NBOUND)
 
+    # the threshold bin as bounds on 32-bit keys: compares, not a bin per position
+    any_gt, key_gt, key_eq = _bin_keys(b_thr, lo, kbase, shift)
     p_end = tl.minimum(p_start + CHUNK, L)
     for p0 in range(p_start, p_end, BLOCK):
         o_p = p0 + o_b
-        cand, b = _cand_bin(tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf")), lo,
-                            kbase, shift)
-        gt = (cand & (b > b_thr)).to(tl.int32)
-        eq = (cand & (b == b_thr)).to(tl.int32)
-        # both counters claimed at once (their round trips overlap); one scan ranks both: gt in the low 16 bits, eq
-        # above (a block holds at most 2^14 positions, so neither half overflows)
-        base_gt = tl.atomic_add(p_s + _CNT_GT, tl.sum(gt, 0), sem="relaxed")
-        base_eq = tl.atomic_add(p_s + _CNT_EQ, tl.sum(eq, 0), sem="relaxed")
-        both = tl.cumsum(gt + (eq << 16), 0)
-        tl.store(p_o + (base_gt + (both & 0xFFFF) - 1).to(tl.int64) * stride_o_k, o_p, mask=gt != 0)
-        tl.store(p_buf + (base_eq + (both >> 16) - 1).to(tl.int64), o_p, mask=eq != 0)
+        key = _sortable_key32(tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf")))
+        gt = (key >= key_gt) & any_gt
+        taken = key >= key_eq  # above the bin or in it (key_gt >= key_eq)
+        # gt counted in the low 16 bits, those in the bin above (a block holds at most 2^14 positions, so neither
+        # half overflows): one sum claims both counters (their round trips overlap), one scan ranks both
+        both = tl.where(gt, 1, tl.where(taken, 65536, 0))
+        n_both = tl.sum(both, 0)
+        base_gt = tl.atomic_add(p_s + _CNT_GT, n_both & 0xFFFF, sem="relaxed")
+        base_eq = tl.atomic_add(p_s + _CNT_EQ, n_both >> 16, sem="relaxed")
+        rank = tl.cumsum(both, 0)
+        # one store a position: above the bin to the output, in it to the boundary buffer
+        dst = tl.where(gt, p_o + (base_gt + (rank & 0xFFFF) - 1).to(tl.int64) * stride_o_k,
+                       p_buf + (base_eq + (rank >> 16) - 1).to(tl.int64))
+        tl.store(dst, o_p, mask=taken)
 
     tl.debug_barrier()  # every thread's buffer writes precede the release below (explicit on every Triton version)
     done = tl.atomic_add(p_s + _DONE, 1, sem="acq_rel")
