@@ -18,6 +18,7 @@ from triton_mla_sparse.bench.timing import time_graph
 from triton_mla_sparse.ops.sparse_mla import sparse_mla_attention_with_config
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else ""  # "quick": the first two cases; "b1": one long request
+ONLY = sys.argv[2].split(",") if len(sys.argv) > 2 else None  # variant names to run (default: all)
 VARIANTS = {
     "sm120 table": {},
     "bh32 bn16 w4 st2": dict(block_h=32, block_n=16, num_warps=4, num_stages=2),
@@ -27,6 +28,11 @@ VARIANTS = {
     "bh32 bn32 w8 st1": dict(block_h=32, block_n=32, num_warps=8, num_stages=1),
     "bh32 bn16 w8 st2": dict(block_h=32, block_n=16, num_warps=8, num_stages=2),
     "bh16 bn32 w4 st2": dict(block_h=16, block_n=32, num_warps=4, num_stages=2),
+    # session 19: the scores' dims split over the warps (kernels_mma2d.py)
+    "dsplit bh32 bn16 st2": dict(block_h=32, block_n=16, num_warps=4, num_stages=2, dsplit=True),
+    "dsplit bh32 bn16 st3": dict(block_h=32, block_n=16, num_warps=4, num_stages=3, dsplit=True),
+    "dsplit bh16 bn16 st2": dict(block_h=16, block_n=16, num_warps=4, num_stages=2, dsplit=True),
+    "dsplit bh16 bn32 st2": dict(block_h=16, block_n=32, num_warps=4, num_stages=2, dsplit=True),
 }
 CASES = [("decode", 64, "bf16"), ("decode", 128, "bf16"), ("decode", 32, "bf16"), ("decode", 64, "fp8_ds_mla"),
          ("decode", 128, "fp8_ds_mla"), ("prefill", 64, "bf16")]
@@ -64,6 +70,8 @@ for kind, h, fmt in CASES[:2] if MODE == "quick" else CASES:
 
     timed({}, "ours sm90", "prefill" if kind == "prefill" else "auto")
     for label, var in VARIANTS.items():
+        if ONLY is not None and label not in ONLY:
+            continue
         var = dict(var)
         more = var.pop("_more_splits", False)
         try:

@@ -23,9 +23,11 @@ def _count_launches(monkeypatch, launchers) -> dict:
 def gluon_launches(monkeypatch):
     """Counts the launches of each Gluon attention kernel (the API sends caches they cannot read to the tl
     kernel)."""
-    from triton_mla_sparse.ops.sparse_mla import kernels_mma2, kernels_wgmma, kernels_wgmma_t, kernels_wgmma_ws
+    from triton_mla_sparse.ops.sparse_mla import (kernels_mma2, kernels_mma2d, kernels_wgmma, kernels_wgmma_t,
+                                                  kernels_wgmma_ws)
 
     return _count_launches(monkeypatch, (("mma2", kernels_mma2, "launch_fwd_mma2"),
+                                         ("mma2d", kernels_mma2d, "launch_fwd_mma2d"),
                                          ("wgmma", kernels_wgmma, "launch_fwd_wgmma"),
                                          ("wgmma_t", kernels_wgmma_t, "launch_fwd_wgmma_t"),
                                          ("wgmma_ws", kernels_wgmma_ws, "launch_fwd_wgmma_ws")))

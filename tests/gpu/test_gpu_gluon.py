@@ -1,5 +1,6 @@
-"""GPU tier: the Gluon kernels (``family="mma2"``: kernels_mma2.py, ``"wgmma"``: kernels_wgmma.py, ``"wgmma_t"``:
-kernels_wgmma_t.py, ``"wgmma_ws"``: kernels_wgmma_ws.py) against the float32 reference, at launch configurations beyond the table's (tile rows, stages, warps, head blocks), on poisoned
+"""GPU tier: the Gluon kernels (``family="mma2"``: kernels_mma2.py, with ``dsplit``: kernels_mma2d.py, written
+``"mma2d"`` here; ``"wgmma"``: kernels_wgmma.py, ``"wgmma_t"``: kernels_wgmma_t.py, ``"wgmma_ws"``: kernels_wgmma_ws.py)
+against the float32 reference, at launch configurations beyond the table's (tile rows, stages, warps, head blocks), on poisoned
 caches (NaN everywhere outside the selection and in the slack of a strided cache), garbage indices, topk_length and
 sinks, with and without RoPE. The interpreter cannot run Gluon: CUDA only."""
 
@@ -34,10 +35,21 @@ SHAPES = [("mma2", 8, 16, 32, 4, 2), ("mma2", 16, 16, 32, 4, 1), ("mma2", 16, 16
           ("wgmma_t", 12, 16, 64, 4, 3), ("wgmma_t", 32, 32, 64, 4, 2), ("wgmma_t", 40, 16, 64, 4, 2),
           ("wgmma_t", 16, 16, 64, 8, 2), ("wgmma_t", 24, 32, 64, 8, 2),
           ("wgmma_ws", 16, 16, 64, 8, 2), ("wgmma_ws", 8, 8, 64, 8, 2), ("wgmma_ws", 12, 16, 64, 12, 2),
-          ("wgmma_ws", 32, 32, 64, 8, 2), ("wgmma_ws", 40, 16, 64, 12, 2)]
+          ("wgmma_ws", 32, 32, 64, 8, 2), ("wgmma_ws", 40, 16, 64, 12, 2),
+          ("mma2d", 64, 32, 16, 4, 2), ("mma2d", 40, 32, 16, 4, 3), ("mma2d", 128, 32, 16, 4, 2),
+          ("mma2d", 16, 16, 16, 4, 2), ("mma2d", 12, 16, 32, 4, 2), ("mma2d", 24, 32, 32, 4, 2)]
+
+
+def _family(name: str) -> tuple[str, dict]:
+    """A test's family name as the config's family and switches ("mma2d": mma2 with dsplit)."""
+    return ("mma2", {"dsplit": True}) if name == "mma2d" else (name, {})
 
 
 def _skip_unless_supported(fmt: str, family: str = "mma2"):
+    if family == "mma2d":
+        if fmt not in ("bf16", "fp16"):
+            pytest.skip("dsplit: the mma2 kernel's bf16/fp16 variant")
+        family = "mma2"
     arch = arch_for_device(torch.device(DEV))
     if not gluon_supported(family, arch, fmt.split("_pow2")[0].split("_fp32")[0]):
         pytest.skip(f"the {family} kernel does not run on {arch.name if arch else DEV}")
@@ -72,12 +84,14 @@ def test_gluon_poisoned_cache_garbage_indices_lengths_sinks(pool, gluon_launches
     sink = torch.randn(heads, dtype=torch.float32, device=DEV)
     sink[0], sink[1] = float("inf"), float("-inf")
     out = torch.full((T, heads, 512), float("nan"), dtype=c.q_dtype, device=DEV)
+    fam, switches = _family(family)
     _, lse, cfg = sparse_mla_attention_with_config(
         q, cache, idx, SCALE, kv_format=c.kv_format, out=out, return_lse=True, kernel=kernel, return_config=True,
-        topk_length=tl, attn_sink=sink, family=family, block_h=block_h, block_n=block_n, num_warps=num_warps,
-        num_stages=stages, f16_dot=f16_dot, overlap=overlap)
+        topk_length=tl, attn_sink=sink, family=fam, block_h=block_h, block_n=block_n, num_warps=num_warps,
+        num_stages=stages, f16_dot=f16_dot, overlap=overlap, **switches)
     assert (cfg.family, cfg.kernel, cfg.block_h, cfg.block_n, cfg.num_stages, cfg.f16_dot, cfg.overlap) == (
-        family, kernel, block_h, block_n, stages, f16_dot, overlap)
+        fam, kernel, block_h, block_n, stages, f16_dot, overlap)
+    assert cfg.dsplit == bool(switches)
     assert gluon_launches[family] == 1 and sum(gluon_launches.values()) == 1
     check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format, topk_length=tl, attn_sink=sink,
                             all_rows=True)
@@ -86,7 +100,7 @@ def test_gluon_poisoned_cache_garbage_indices_lengths_sinks(pool, gluon_launches
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
 @pytest.mark.parametrize("family,heads", [("mma2", 16), ("mma2", 128), ("wgmma", 128), ("wgmma_t", 16),
-                                          ("wgmma_ws", 16)])
+                                          ("wgmma_ws", 16), ("mma2d", 64)])
 def test_gluon_nope_512(pool, fmt, kernel, family, heads):
     """No RoPE part: 512-value bf16 rows; fp8_ds_mla rows keep their 656 bytes and the RoPE bytes go unread."""
     _skip_unless_supported(fmt, family)
@@ -97,9 +111,11 @@ def test_gluon_nope_512(pool, fmt, kernel, family, heads):
     q = torch.randn(T, heads, 512, dtype=c.q_dtype, device=DEV)
     idx = _with_garbage(make_indices(pool, T), NUM_SLOTS, frac=0.1)
     out = torch.full((T, heads, 512), float("nan"), dtype=c.q_dtype, device=DEV)
+    fam, switches = _family(family)
     _, lse, cfg = sparse_mla_attention_with_config(q, cache, idx, SCALE, kv_format=c.kv_format, out=out,
-                                                   return_lse=True, kernel=kernel, return_config=True, family=family)
-    assert cfg.family == family
+                                                   return_lse=True, kernel=kernel, return_config=True, family=fam,
+                                                   **switches)
+    assert (cfg.family, cfg.dsplit) == (fam, bool(switches))
     check_against_reference(out, lse, q, cache, idx, kv_format=c.kv_format, all_rows=True)
 
 
@@ -394,15 +410,20 @@ def _regrouped(cache: torch.Tensor, kv_format: str, bs: int) -> torch.Tensor:
     return view
 
 
-@pytest.mark.parametrize("family", [None, "tl", "mma2", "mma2-bh32", "wgmma_t", "wgmma", "wgmma_ws"])
+@pytest.mark.parametrize("family", [None, "tl", "mma2", "mma2-bh32", "mma2d-bh32", "wgmma_t", "wgmma", "wgmma_ws"])
 @pytest.mark.parametrize("fmt", ["bf16", "fp8_ds_mla_pow2"])
 @pytest.mark.parametrize("kernel", ["decode", "prefill"])
-def test_extra_cache(pool, fmt, kernel, family):
+def test_extra_cache(pool, gluon_launches, fmt, kernel, family):
     """An extra cache (DeepSeek-V4's second list) read by each kernel family (None: the table's choice) on a
     problem the table gives a Gluon kernel: both caches (the extra one NaN outside its selected rows, in blocks of
     another size with other strides), garbage ids and lengths in both lists, a sink; "mma2-bh32": mma2 with the
-    32-head blocks of 16-row tiles of the sm8x / sm120 tables."""
-    over = MMA2_WIDE if family == "mma2-bh32" else {}
+    32-head blocks of 16-row tiles of the sm8x / sm120 tables; "mma2d-bh32": the same asking for the dims split,
+    which reads no extra cache: the mma2 kernel runs it."""
+    if family == "mma2d-bh32" and fmt != "bf16":
+        pytest.skip("dsplit: the mma2 kernel's bf16/fp16 variant")
+    over = {}
+    if family in ("mma2-bh32", "mma2d-bh32"):
+        over = dict(MMA2_WIDE, **({"dsplit": True} if family == "mma2d-bh32" else {}))
     family = "mma2" if over else family
     if family not in (None, "tl"):
         _skip_unless_supported(fmt, family)
@@ -424,5 +445,7 @@ def test_extra_cache(pool, fmt, kernel, family):
                                                    **over, **extra)
     assert family is None or cfg.family == family
     assert all(getattr(cfg, k) == v for k, v in over.items())
+    if over:
+        assert (gluon_launches["mma2"], gluon_launches["mma2d"]) == (1, 0)
     check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format, topk_length=tl1, attn_sink=sink,
                             **extra)

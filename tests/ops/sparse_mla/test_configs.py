@@ -109,9 +109,11 @@ def test_mma2_entries_above_16_heads(arch_name, on_gpu):
     for fmt in ("bf16", "fp8_ds_mla"):
         one = choose_config(1, 128, 2048, CPU, kv_format=fmt, arch=arch, kernel="decode")
         assert (one.family, one.block_h, one.block_n, one.num_warps, one.num_stages) == ("mma2", 32, 16, 4, 2)
+        assert one.dsplit == (fmt == "bf16")  # the dims split: bf16/fp16 caches
         assert (one.num_splits, one.split_len) == (16, 128)
+        # a tile the dims split cannot take: the mma2 kernel itself, same splits
         wide = choose_config(1, 128, 2048, CPU, kv_format=fmt, arch=arch, kernel="decode", block_n=64)
-        assert (wide.num_splits, wide.split_len) == (16, 128)
+        assert (wide.family, wide.dsplit, wide.num_splits, wide.split_len) == ("mma2", False, 16, 128)
         assert choose_config(1, 128, 2048, CPU, kv_format=fmt, arch=arch, num_splits=64).num_splits == 64
         assert choose_config(64, 64, 2048, CPU, kv_format=fmt, arch=arch, kernel="decode").num_splits == 2
         assert choose_config(1, 16, 2048, CPU, kv_format=fmt, arch=arch).block_h == 16
@@ -244,18 +246,23 @@ def test_gluon_fp8_entries_run_exact_tiles(on_gpu):
 
 def test_the_gpu_tier_shapes_are_buildable(on_gpu):
     """Every Gluon launch shape the GPU tier forces is one choose_config accepts with its family named."""
-    from gpu.test_gpu_gluon import SHAPES
+    from gpu.test_gpu_gluon import SHAPES, _family
 
-    for family, heads, block_h, block_n, num_warps, stages in SHAPES:
+    for name, heads, block_h, block_n, num_warps, stages in SHAPES:
+        family, switches = _family(name)
         for fmt in ("bf16", "fp8_ds_mla"):
             if family == "wgmma_t" and stages > 2 and fmt == "bf16":
                 continue  # the tier skips it: two stages of 64 bf16 rows fill the shared memory (refused above)
             if family == "wgmma_ws" and fmt == "bf16":
                 continue  # the tier skips it: the kernel reads fp8_ds_mla only
+            if switches and fmt != "bf16":
+                continue  # the tier skips it: the dims split reads bf16/fp16 caches
             for kernel in ("decode", "prefill"):
                 cfg = choose_config(64, heads, 2048, CPU, kernel, kv_format=fmt, arch=ARCHS["sm90"], family=family,
-                                    block_h=block_h, block_n=block_n, num_warps=num_warps, num_stages=stages)
-                assert (cfg.family, cfg.block_h, cfg.block_n) == (family, block_h, block_n)
+                                    block_h=block_h, block_n=block_n, num_warps=num_warps, num_stages=stages,
+                                    **switches)
+                assert (cfg.family, cfg.block_h, cfg.block_n, cfg.dsplit) == (family, block_h, block_n,
+                                                                               bool(switches))
 
 
 @pytest.mark.parametrize("bad", [16, 256, 128.0, "128", True])

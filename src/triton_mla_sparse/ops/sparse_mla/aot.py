@@ -66,6 +66,8 @@ def compile_attention(arch: Arch, cfg: AttentionConfig, *, kv_format: str, split
             from .kernels_wgmma_t import _sparse_mla_fwd_wgmma_t as fn
         elif cfg.family == "wgmma_ws":
             from .kernels_wgmma_ws import _sparse_mla_fwd_wgmma_ws as fn
+        elif cfg.dsplit and not extra:
+            from .kernels_mma2d import _sparse_mla_fwd_mma2d as fn
         else:
             from .kernels_mma2 import _sparse_mla_fwd_mma2 as fn
 

@@ -52,6 +52,7 @@ class Launch:
     prefill: Launch | None = None  # the prefill kernel's entry where another kernel family is faster there
     pdl: bool = False  # decode: the combine kernel as a programmatic dependent launch (where the target has it)
     merge: bool = False  # wgmma_t decode of 2..MERGE_SPLITS splits: the row's last split merges, no combine kernel
+    dsplit: bool = False  # mma2 on bf16/fp16 caches: the scores' dims split over the warps (kernels_mma2d.py)
 
 
 HEAD_CLASSES = (16, 32, 64)  # the head block a problem asks for: H <= 16, H <= 32, H > 32
@@ -167,7 +168,7 @@ FP8_TILE_CLASSES = ("fp8_ds_mla", "fp8_ds_mla_v4")  # dequantised once per tile 
 GLUON_FAMILIES = ("mma2", "wgmma", "wgmma_t", "wgmma_ws")
 HOPPER_FAMILIES = ("wgmma", "wgmma_t", "wgmma_ws")  # warpgroup MMAs: sm90 only
 WS_CACHE_CLASSES = ("fp8_ds_mla",)  # what the warp-specialised kernel reads (kernels_wgmma_ws.py)
-GLUON_ONLY_SWITCHES = ("overlap", "merge")  # AttentionConfig switches of a Gluon kernel (the tl kernel refuses them)
+GLUON_ONLY_SWITCHES = ("overlap", "merge", "dsplit")  # AttentionConfig switches of a Gluon kernel (the tl kernel refuses them)
 COMPILED_ONLY_SWITCHES = ("pdl", "merge")  # switches of a compiled NVIDIA launch (refused under the interpreter)
 MERGE_SPLITS = 2  # a merging decode loads every split's partial at once: up to this many (more, or one: combine kernel)
 
@@ -179,9 +180,12 @@ def _mma2_entries(stages: int) -> dict[tuple[int, str], Launch]:
     B=64): bf16 h32 / h64 / h128 77 / 140 / 264 vs 81 / 150 / 305 with 16-head blocks, fp8_ds_mla h64 / h128 187 / 355
     vs 238 / 433; splits of 128 entries or more (one 64K request, h128 bf16: 25 us with 16 splits, 49 with the 64 that
     fill two waves, 29 with 16-head blocks). The H200 ran two programs per SM where a 99 KB SM holds one of 75 KB: the
-    emulation's limit."""
+    emulation's limit. bf16/fp16 caches there: the scores' dims split over the warps (``dsplit``, kernels_mma2d.py;
+    h32 / h64 / h128 75 / 136 / 250 vs 77 / 139 / 266, prefill h64 7.2 vs 7.9 ms; three stages, 100 KB, were 0-3 %
+    faster in decode and slower in prefill)."""
     narrow, wide = _M(16, 32, 4, stages, 1), _M(32, 16, 4, 2, 1, min_split_len=128)
-    return {(hc, cc): narrow if hc == 16 or cc == "fp8_ds_mla_v4" else wide
+    wide16 = replace(wide, dsplit=True)
+    return {(hc, cc): narrow if hc == 16 or cc == "fp8_ds_mla_v4" else wide16 if cc == "16bit" else wide
             for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES}
 
 
@@ -286,6 +290,9 @@ class AttentionConfig:
     # while the split kernel runs so that its launch and start-up overlap the splits' tail (_common/pdl.py)
     merge: bool = False  # wgmma_t decode: the last of a row's splits to finish merges them (arrival counters,
     # _common/counters.py) instead of a combine kernel; at launch only where there are 2..MERGE_SPLITS splits
+    dsplit: bool = False  # mma2 on bf16/fp16 caches: kernels_mma2d.py, the scores' 576 dims split over the 4 warps
+    # and the output's columns too, so that q and each tile are read from shared memory once a tile (a call with an
+    # extra cache runs the mma2 kernel)
 
     def describe(self) -> str:
         """Short text: kernel, head block, gather block, splits, warps/stages, and every option switched on."""
@@ -436,6 +443,14 @@ def gluon_config_problem(cfg: AttentionConfig, kv_format: str | None = None, arc
         return f"overlap: a variant of the wgmma_t kernel, not of {cfg.family}"
     if cfg.family != "wgmma_t" and cfg.merge:
         return f"merge: a variant of the wgmma_t kernel's decode, not of {cfg.family}"
+    if cfg.dsplit:
+        if cfg.family != "mma2":
+            return f"dsplit: a variant of the mma2 kernel, not of {cfg.family}"
+        if cfg.num_warps != 4 or cfg.block_h not in (16, 32) or cfg.block_n not in (16, 32) or cfg.num_stages < 2:
+            return (f"dsplit: the mma2 kernel's dims split runs 4 warps, block_h 16 or 32, block_n 16 or 32 and at "
+                    f"least 2 stages, got {cfg.num_warps} / {cfg.block_h} / {cfg.block_n} / {cfg.num_stages}")
+        if kv_format is not None and cache_class(kv_format) != "16bit":
+            return f"dsplit: the mma2 kernel's dims split reads bf16/fp16 caches, got {kv_format!r}"
     return None
 
 
@@ -527,7 +542,8 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
                           family=family, max_registers=launch.max_registers,
                           overlap=launch.overlap and cache_class(kv_format) in FP8_TILE_CLASSES,
                           pdl=launch.pdl and kernel == "decode" and pdl_supported(arch),
-                          merge=launch.merge and kernel == "decode")
+                          merge=launch.merge and kernel == "decode",
+                          dsplit=launch.dsplit and cache_class(kv_format) == "16bit")
     cfg = replace(cfg, **overrides) if overrides else cfg
     if type(cfg.split_len) is not int or cfg.split_len < 1 or cfg.split_len % cfg.block_n:
         # a program's range starts on a tile boundary: tiles never straddle two programs (or the two lists of an
@@ -549,6 +565,10 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     if reg is not None and arch is not None and arch.backend != "cuda" and not interpreting():
         raise ValueError(f"max_registers: a cap of ptxas (NVIDIA) with no equivalent on {arch.name}, got {reg}")
     problem = gluon_config_problem(cfg, kv_format, arch)
+    if problem is not None and cfg.dsplit and "dsplit" not in given:
+        # overrides the table's dims split cannot take (tile, warps, stages): the mma2 kernel itself
+        cfg = replace(cfg, dsplit=False)
+        problem = gluon_config_problem(cfg, kv_format, arch)
     if problem is not None:
         if "family" in given:
             raise ValueError(problem)

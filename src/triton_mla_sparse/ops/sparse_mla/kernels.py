@@ -633,6 +633,8 @@ def launch_sparse_mla(p: AttentionProblem, cfg: AttentionConfig, out: torch.Tens
             from .kernels_wgmma_t import launch_fwd_wgmma_t as launch
         elif cfg.family == "wgmma_ws":
             from .kernels_wgmma_ws import launch_fwd_wgmma_ws as launch
+        elif cfg.dsplit and p.kv2 is None:
+            from .kernels_mma2d import launch_fwd_mma2d as launch
         else:
             from .kernels_mma2 import launch_fwd_mma2 as launch
 
