@@ -3,7 +3,7 @@
     ncu --clock-control none --launch-skip 2 --launch-count 1 -k regex:_sparse_mla_fwd \
         python benchmarks/scripts/profile_case.py decode_h16 bf16 [key=value config overrides...]
 
-(integer values as ints, others as strings: ``family=mma2 block_h=32``)
+(integer values as ints, True / False as bools, others as strings: ``family=mma2 block_h=32 dsplit=True``)
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main() -> None:
     over = {}
     for kv in sys.argv[3:]:
         k, v = kv.split("=")
-        over[k] = int(v) if v.lstrip("-").isdigit() else v  # e.g. family=mma2
+        over[k] = {"True": True, "False": False}.get(v, int(v) if v.lstrip("-").isdigit() else v)  # family=mma2
     case = case_for(name, fmt)
     inp = build_inputs(case, "cuda")
     kernel = "prefill" if case.kind == "prefill" else "auto"
