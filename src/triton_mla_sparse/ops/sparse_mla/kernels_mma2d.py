@@ -68,7 +68,7 @@ def _gather3_layout(num_warps, cols):
 
 
 @gluon.jit
-def _quarters(base_ptr, o_w, o_r, o_c, off: gl.constexpr, width: gl.constexpr):
+def _quarters(base_ptr, o_w, o_c, off: gl.constexpr, width: gl.constexpr):
     """``[warps, rows, width]`` pointers of column quarter w of each row: ``base_ptr[row] + off + w · width + c``."""
     return base_ptr[None, :, None] + off + (o_w * width)[:, None, None] + o_c[None, None, :]
 
@@ -84,7 +84,7 @@ def _issue_d(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row, k
     p_row, m_n = _row_ptrs(kv_ptr, gl.convert_layout(idx, LR), num_slots, block_size, stride_kv_blk, stride_kv_row)
     o_w = gl.arange(0, W, gl.SliceLayout(1, gl.SliceLayout(2, G3)))
     o_c = gl.arange(0, LATENT // W, gl.SliceLayout(0, gl.SliceLayout(1, G3)))
-    _async_load(kv_s.index(st), _quarters(p_row, o_w, 0, o_c, 0, LATENT // W), mask=m_n[None, :, None])
+    _async_load(kv_s.index(st), _quarters(p_row, o_w, o_c, 0, LATENT // W), mask=m_n[None, :, None])
     if HAS_ROPE:
         GR: gl.constexpr = _gather3_layout(W, ROPE // W)
         LRR: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, GR))
@@ -92,7 +92,7 @@ def _issue_d(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row, k
         m_r = gl.convert_layout(m_n, LRR)
         o_wr = gl.arange(0, W, gl.SliceLayout(1, gl.SliceLayout(2, GR)))
         o_r = gl.arange(0, ROPE // W, gl.SliceLayout(0, gl.SliceLayout(1, GR)))
-        _async_load(kr_s.index(st), _quarters(p_r, o_wr, 0, o_r, LATENT, ROPE // W), mask=m_r[None, :, None])
+        _async_load(kr_s.index(st), _quarters(p_r, o_wr, o_r, LATENT, ROPE // W), mask=m_r[None, :, None])
 
 
 @gluon.jit
@@ -105,14 +105,14 @@ def _q_to_shared_d(q_nope_ptr, q_pe_ptr, i_t, i_hb, stride_qn_t, stride_qn_h, st
     o_w = gl.arange(0, W, gl.SliceLayout(1, gl.SliceLayout(2, G3)))
     o_c = gl.arange(0, LATENT // W, gl.SliceLayout(0, gl.SliceLayout(1, G3)))
     p_q = q_nope_ptr + i_t * stride_qn_t + o_h.to(gl.int64) * stride_qn_h
-    q_s.store(gl.load(_quarters(p_q, o_w, 0, o_c, 0, LATENT // W), mask=(o_h < H)[None, :, None], other=0.0))
+    q_s.store(gl.load(_quarters(p_q, o_w, o_c, 0, LATENT // W), mask=(o_h < H)[None, :, None], other=0.0))
     if HAS_ROPE:
         GR: gl.constexpr = _gather3_layout(W, ROPE // W)
         o_hr = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, GR)))
         o_wr = gl.arange(0, W, gl.SliceLayout(1, gl.SliceLayout(2, GR)))
         o_r = gl.arange(0, ROPE // W, gl.SliceLayout(0, gl.SliceLayout(1, GR)))
         p_qr = q_pe_ptr + i_t * stride_qp_t + o_hr.to(gl.int64) * stride_qp_h
-        qr_s.store(gl.load(_quarters(p_qr, o_wr, 0, o_r, 0, ROPE // W), mask=(o_hr < H)[None, :, None], other=0.0))
+        qr_s.store(gl.load(_quarters(p_qr, o_wr, o_r, 0, ROPE // W), mask=(o_hr < H)[None, :, None], other=0.0))
 
 
 @gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len", "topk2", "num_slots2"])
