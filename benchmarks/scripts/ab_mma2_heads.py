@@ -6,7 +6,8 @@ each variant as ``--emulate sm120`` runs it (the sm120 entries' family, Triton's
 Every variant's output is checked against the float32 reference first (the bench's check); decode by graph
 replay (median of 5), prefill by do_bench. Session 18's runs: benchmarks/results/ab-h200-2026-12-03-mma2-heads.txt
 (these variants, the "sm120 table" line the 16-head entry before 32-head blocks took the table), and
-ab-h200-2026-12-03-mma2-qreg.txt (q in registers: benchmarks/scripts/ab_mma2_qreg.patch, dropped)."""
+ab-h200-2026-12-03-mma2-qreg.txt (q in registers: benchmarks/scripts/ab_mma2_qreg.patch, dropped); session 19's:
+ab-h200-2026-12-03-mma2d.txt (the dims split, kept) and ab-h200-2026-12-03-mma2d-w8.txt (on 8 warps, dropped)."""
 import statistics
 import sys
 
@@ -33,6 +34,10 @@ VARIANTS = {
     "dsplit bh32 bn16 st3": dict(block_h=32, block_n=16, num_warps=4, num_stages=3, dsplit=True),
     "dsplit bh16 bn16 st2": dict(block_h=16, block_n=16, num_warps=4, num_stages=2, dsplit=True),
     "dsplit bh16 bn32 st2": dict(block_h=16, block_n=32, num_warps=4, num_stages=2, dsplit=True),
+    # (8 warps: benchmarks/scripts/ab_mma2d_w8.patch applied; the kernel takes 4 otherwise)
+    "dsplit bh32 bn16 w8 st2": dict(block_h=32, block_n=16, num_warps=8, num_stages=2, dsplit=True),
+    "dsplit bh32 bn16 w8 st3": dict(block_h=32, block_n=16, num_warps=8, num_stages=3, dsplit=True),
+    "dsplit bh32 bn32 w8 st2": dict(block_h=32, block_n=32, num_warps=8, num_stages=2, dsplit=True),
 }
 CASES = [("decode", 64, "bf16"), ("decode", 128, "bf16"), ("decode", 32, "bf16"), ("decode", 64, "fp8_ds_mla"),
          ("decode", 128, "fp8_ds_mla"), ("prefill", 64, "bf16")]
