@@ -19,9 +19,11 @@ from triton_mla_sparse.ops.sparse_mla.configs import GLUON_TABLE, gluon_supporte
 
 pytestmark = [*GPU_TIER, gpu_only]
 
-# the Ampere-class tables' mma2 shape above 16 heads (32-head blocks of 16-row tiles), as overrides
+# the Ampere-class tables' mma2 shape above 16 heads (32-head blocks of 16-row tiles), as overrides; with the dims
+# split (16-bit caches there), also its stages
 _WIDE = GLUON_TABLE["sm120"][(64, "16bit")]
 MMA2_WIDE = {"block_h": _WIDE.block_h, "block_n": _WIDE.block_n, "num_warps": _WIDE.num_warps}
+MMA2D_WIDE = dict(MMA2_WIDE, num_stages=_WIDE.num_stages, dsplit=True)
 
 # (family, heads, block_h, block_n, num_warps, stages)
 SHAPES = [("mma2", 8, 16, 32, 4, 2), ("mma2", 16, 16, 32, 4, 1), ("mma2", 16, 16, 32, 4, 3), ("mma2", 16, 16, 32, 4, 4),
@@ -41,8 +43,9 @@ SHAPES = [("mma2", 8, 16, 32, 4, 2), ("mma2", 16, 16, 32, 4, 1), ("mma2", 16, 16
 
 
 def _family(name: str) -> tuple[str, dict]:
-    """A test's family name as the config's family and switches ("mma2d": mma2 with dsplit)."""
-    return ("mma2", {"dsplit": True}) if name == "mma2d" else (name, {})
+    """A test's family name as the config's family and switches: "mma2d" is mma2 with the dims split, "mma2" without
+    it (which the sm8x / sm120 tables would add above 16 heads on 16-bit caches)."""
+    return ("mma2", {"dsplit": name == "mma2d"}) if name in ("mma2", "mma2d") else (name, {})
 
 
 def _skip_unless_supported(fmt: str, family: str = "mma2"):
@@ -91,7 +94,7 @@ def test_gluon_poisoned_cache_garbage_indices_lengths_sinks(pool, gluon_launches
         num_stages=stages, f16_dot=f16_dot, overlap=overlap, **switches)
     assert (cfg.family, cfg.kernel, cfg.block_h, cfg.block_n, cfg.num_stages, cfg.f16_dot, cfg.overlap) == (
         fam, kernel, block_h, block_n, stages, f16_dot, overlap)
-    assert cfg.dsplit == bool(switches)
+    assert cfg.dsplit == switches.get("dsplit", False)
     assert gluon_launches[family] == 1 and sum(gluon_launches.values()) == 1
     check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format, topk_length=tl, attn_sink=sink,
                             all_rows=True)
@@ -112,10 +115,12 @@ def test_gluon_nope_512(pool, fmt, kernel, family, heads):
     idx = _with_garbage(make_indices(pool, T), NUM_SLOTS, frac=0.1)
     out = torch.full((T, heads, 512), float("nan"), dtype=c.q_dtype, device=DEV)
     fam, switches = _family(family)
+    if family == "mma2d":  # the tables' shape of it
+        switches = dict(MMA2D_WIDE)
     _, lse, cfg = sparse_mla_attention_with_config(q, cache, idx, SCALE, kv_format=c.kv_format, out=out,
                                                    return_lse=True, kernel=kernel, return_config=True, family=fam,
                                                    **switches)
-    assert (cfg.family, cfg.dsplit) == (fam, bool(switches))
+    assert (cfg.family, cfg.dsplit) == (fam, switches.get("dsplit", False))
     check_against_reference(out, lse, q, cache, idx, kv_format=c.kv_format, all_rows=True)
 
 
@@ -421,11 +426,8 @@ def test_extra_cache(pool, gluon_launches, fmt, kernel, family):
     which reads no extra cache: the mma2 kernel runs it."""
     if family == "mma2d-bh32" and fmt != "bf16":
         pytest.skip("dsplit: the mma2 kernel's bf16/fp16 variant")
-    over = {}
-    if family in ("mma2-bh32", "mma2d-bh32"):
-        over = dict(MMA2_WIDE)
-        if family == "mma2d-bh32":  # (the stages too: a forced mma2 prefill on sm90 takes one, which it refuses)
-            over.update(dsplit=True, num_stages=_WIDE.num_stages)
+    # (the dims split names its stages too: a forced mma2 prefill on sm90 takes one, which it refuses)
+    over = {"mma2-bh32": MMA2_WIDE, "mma2d-bh32": MMA2D_WIDE}.get(family, {})
     family = "mma2" if over else family
     if family not in (None, "tl"):
         _skip_unless_supported(fmt, family)

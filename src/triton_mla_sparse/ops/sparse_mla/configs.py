@@ -180,12 +180,12 @@ def _mma2_entries(stages: int) -> dict[tuple[int, str], Launch]:
     B=64): bf16 h32 / h64 / h128 77 / 140 / 264 vs 81 / 150 / 305 with 16-head blocks, fp8_ds_mla h64 / h128 187 / 355
     vs 238 / 433; splits of 128 entries or more (one 64K request, h128 bf16: 25 us with 16 splits, 49 with the 64 that
     fill two waves, 29 with 16-head blocks). The H200 ran two programs per SM where a 99 KB SM holds one of 75 KB: the
-    emulation's limit. bf16/fp16 caches there: the scores' dims split over the warps (``dsplit``, kernels_mma2d.py;
+    emulation's limit. bf16/fp16 caches there: the scores' dims split over the warps (``dsplit``, kernels_mma2d.py, 80 KB;
     h32 / h64 / h128 75 / 136 / 250 vs 77 / 139 / 266, prefill h64 7.2 vs 7.9 ms; three stages, 100 KB, were 0-3 %
     faster in decode and slower in prefill)."""
     narrow, wide = _M(16, 32, 4, stages, 1), _M(32, 16, 4, 2, 1, min_split_len=128)
-    wide16 = replace(wide, dsplit=True)
-    return {(hc, cc): narrow if hc == 16 or cc == "fp8_ds_mla_v4" else wide16 if cc == "16bit" else wide
+    wide_16bit = replace(wide, dsplit=True)
+    return {(hc, cc): narrow if hc == 16 or cc == "fp8_ds_mla_v4" else wide_16bit if cc == "16bit" else wide
             for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES}
 
 
@@ -386,7 +386,8 @@ def gluon_config_problem(cfg: AttentionConfig, kv_format: str | None = None, arc
     32- or 64-row tiles and at least two stages; wgmma_t runs 8-, 16- or 32-head blocks of 64-row tiles on one
     warpgroup (or two, each with half the heads) with at least two stages, within ``arch``'s shared memory for
     ``kv_format`` (when both are given); mma2 runs 16-, 32- or 64-head blocks of 16-, 32- or 64-row tiles on 4 or 8
-    warps (what the GPU tier covers); none takes the tl kernel's low-register variant."""
+    warps (what the GPU tier covers), its dims split (``dsplit``) 16- or 32-head blocks of 16- or 32-row tiles on 4
+    warps with at least two stages, bf16/fp16 caches only; none takes the tl kernel's low-register variant."""
     if cfg.family == "wgmma_ws":
         if cfg.block_h not in (8, 16, 32) or cfg.num_warps not in (8, 12):
             return (f"block_h / num_warps: the wgmma_ws kernel runs block_h 8, 16 or 32 on 8 or 12 warps (4 consumer "
@@ -467,7 +468,8 @@ def choose_config(T: int, H: int, topk: int, device: torch.device, kernel: str =
     kernel, whose table entry then applies — the class's entry or its prefill entry, whichever is of that family;
     ``programs_per_sm`` also sizes the split count). A Gluon kernel (``GLUON_TABLE``) runs where it has an entry for
     the problem's classes and :func:`gluon_supported` holds (``q_dtype``: q's dtype, when known), the prefill kernel
-    the entry's :attr:`Launch.prefill` where it has one; the tl kernel everywhere else. Overrides that a table-chosen
+    the entry's :attr:`Launch.prefill` where it has one; the tl kernel everywhere else. Overrides that the table's
+    mma2 dims split cannot take (``dsplit`` not given) give the mma2 kernel itself; overrides that a table-chosen
     Gluon kernel cannot take (:func:`gluon_config_problem`) give the tl kernel with them; with ``family`` given they
     raise ``ValueError``.
     """

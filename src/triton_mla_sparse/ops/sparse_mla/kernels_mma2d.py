@@ -1,6 +1,7 @@
 """Gluon kernel for sparse MLA attention on bf16/fp16 caches from sm80 on, its scores' 576 dims split over the warps.
 
-A variant of :mod:`.kernels_mma2` (same arguments, grid, outputs and cp.async pipeline; ``AttentionConfig.dsplit``)
+A variant of :mod:`.kernels_mma2` (same arguments, grid, outputs and cp.async pipeline, without its one-buffer form;
+``AttentionConfig.dsplit``)
 for the Ampere-class targets, where mma.sync reads every operand from shared memory and shared-memory bandwidth
 bounds the larger head blocks: there each warp of a 32-head block read its 16 heads' q and half the tile for the
 scores, and half the tile again for the output (two reads of q and the tile per tile, ~140 KB). Here

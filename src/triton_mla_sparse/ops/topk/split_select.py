@@ -186,7 +186,8 @@ def _bin_keys(b_thr, lo, kbase, shift):
     counted candidate's bin is above ``b_thr`` iff ``any_gt`` and its key is at least ``key_gt``, and is ``b_thr``
     iff it is not above and its key is at least ``key_eq`` (which is never below ``lo``: no uncounted key)."""
     k_hi = kbase + ((b_thr + 1).to(tl.int64) << shift)  # bins are (key - kbase) >> shift on candidates (key >= lo)
-    k_lo = tl.maximum(kbase + (b_thr.to(tl.int64) << shift), lo)
+    # (clamped to the key range: with nothing to take, need 0, the bin can start past it)
+    k_lo = tl.minimum(tl.maximum(kbase + (b_thr.to(tl.int64) << shift), lo), 4294967295)
     any_gt = k_hi <= 4294967295  # past the top of the key range no key is above the bin
     key_gt = (tl.minimum(tl.maximum(k_hi, lo), 4294967295) - 2147483648).to(tl.int32)
     return any_gt, key_gt, (k_lo - 2147483648).to(tl.int32)
