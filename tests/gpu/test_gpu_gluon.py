@@ -1,8 +1,8 @@
 """GPU tier: the Gluon kernels (``family="mma2"``: kernels_mma2.py, with ``dsplit``: kernels_mma2d.py, written
 ``"mma2d"`` here; ``"wgmma"``: kernels_wgmma.py, ``"wgmma_t"``: kernels_wgmma_t.py, ``"wgmma_ws"``: kernels_wgmma_ws.py)
-against the float32 reference, at launch configurations beyond the table's (tile rows, stages, warps, head blocks), on poisoned
-caches (NaN everywhere outside the selection and in the slack of a strided cache), garbage indices, topk_length and
-sinks, with and without RoPE. The interpreter cannot run Gluon: CUDA only."""
+against the float32 reference, at launch configurations beyond the table's (tile rows, stages, warps, head blocks),
+on poisoned caches (NaN everywhere outside the selection and in the slack of a strided cache), garbage indices,
+topk_length and sinks, with and without RoPE. The interpreter cannot run Gluon: CUDA only."""
 
 from __future__ import annotations
 

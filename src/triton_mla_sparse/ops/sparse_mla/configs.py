@@ -168,7 +168,8 @@ FP8_TILE_CLASSES = ("fp8_ds_mla", "fp8_ds_mla_v4")  # dequantised once per tile 
 GLUON_FAMILIES = ("mma2", "wgmma", "wgmma_t", "wgmma_ws")
 HOPPER_FAMILIES = ("wgmma", "wgmma_t", "wgmma_ws")  # warpgroup MMAs: sm90 only
 WS_CACHE_CLASSES = ("fp8_ds_mla",)  # what the warp-specialised kernel reads (kernels_wgmma_ws.py)
-GLUON_ONLY_SWITCHES = ("overlap", "merge", "dsplit")  # AttentionConfig switches of a Gluon kernel (the tl kernel refuses them)
+# AttentionConfig switches of a Gluon kernel (the tl kernel refuses them)
+GLUON_ONLY_SWITCHES = ("overlap", "merge", "dsplit")
 COMPILED_ONLY_SWITCHES = ("pdl", "merge")  # switches of a compiled NVIDIA launch (refused under the interpreter)
 MERGE_SPLITS = 2  # a merging decode loads every split's partial at once: up to this many (more, or one: combine kernel)
 
@@ -180,9 +181,9 @@ def _mma2_entries(stages: int) -> dict[tuple[int, str], Launch]:
     B=64): bf16 h32 / h64 / h128 77 / 140 / 264 vs 81 / 150 / 305 with 16-head blocks, fp8_ds_mla h64 / h128 187 / 355
     vs 238 / 433; splits of 128 entries or more (one 64K request, h128 bf16: 25 us with 16 splits, 49 with the 64 that
     fill two waves, 29 with 16-head blocks). The H200 ran two programs per SM where a 99 KB SM holds one of 75 KB: the
-    emulation's limit. bf16/fp16 caches there: the scores' dims split over the warps (``dsplit``, kernels_mma2d.py, 80 KB;
-    h32 / h64 / h128 75 / 136 / 250 vs 77 / 139 / 266, prefill h64 7.2 vs 7.9 ms; three stages, 100 KB, were 0-3 %
-    faster in decode and slower in prefill)."""
+    emulation's limit. bf16/fp16 caches there: the scores' dims split over the warps (``dsplit``, kernels_mma2d.py,
+    80 KB; h32 / h64 / h128 75 / 136 / 250 vs 77 / 139 / 266, prefill h64 7.2 vs 7.9 ms; three stages, 100 KB, were
+    0-3 % faster in decode and slower in prefill)."""
     narrow, wide = _M(16, 32, 4, stages, 1), _M(32, 16, 4, 2, 1, min_split_len=128)
     wide_16bit = replace(wide, dsplit=True)
     return {(hc, cc): narrow if hc == 16 or cc == "fp8_ds_mla_v4" else wide_16bit if cc == "16bit" else wide
