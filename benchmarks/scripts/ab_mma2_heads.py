@@ -1,13 +1,14 @@
 """mma2 head blocks and tiles for the portable rows of issue 16 (ours_portable, sm120 table, against ours on sm90):
 each variant as ``--emulate sm120`` runs it (the sm120 entries' family, Triton's MMA v3 off), ours on sm90 beside.
 
-    DISABLE_MMA_V3=1 PYTHONPATH=src python benchmarks/scripts/ab_mma2_heads.py [quick | b1]
+    DISABLE_MMA_V3=1 PYTHONPATH=src python benchmarks/scripts/ab_mma2_heads.py [quick | b1 | bf16 | portable]
 
 Every variant's output is checked against the float32 reference first (the bench's check); decode by graph
 replay (median of 5), prefill by do_bench. Session 18's runs: benchmarks/results/ab-h200-2026-12-03-mma2-heads.txt
 (these variants, the "sm120 table" line the 16-head entry before 32-head blocks took the table), and
 ab-h200-2026-12-03-mma2-qreg.txt (q in registers: benchmarks/scripts/ab_mma2_qreg.patch, dropped); session 19's:
-ab-h200-2026-12-03-mma2d.txt (the dims split, kept) and ab-h200-2026-12-03-mma2d-w8.txt (on 8 warps, dropped)."""
+ab-h200-2026-12-03-mma2d.txt (the dims split, kept) and ab-h200-2026-12-03-mma2d-w8.txt (on 8 warps, dropped);
+session 20's: ab-h200-2026-12-04-mma2d-pipe.txt (the dims split's software-pipelined three stages, kept)."""
 import statistics
 import sys
 
@@ -32,6 +33,7 @@ VARIANTS = {
     # session 19: the scores' dims split over the warps (kernels_mma2d.py)
     "dsplit bh32 bn16 st2": dict(block_h=32, block_n=16, num_warps=4, num_stages=2, dsplit=True),
     "dsplit bh32 bn16 st3": dict(block_h=32, block_n=16, num_warps=4, num_stages=3, dsplit=True),
+    "dsplit bh32 bn16 st4": dict(block_h=32, block_n=16, num_warps=4, num_stages=4, dsplit=True),
     "dsplit bh16 bn16 st2": dict(block_h=16, block_n=16, num_warps=4, num_stages=2, dsplit=True),
     "dsplit bh16 bn32 st2": dict(block_h=16, block_n=32, num_warps=4, num_stages=2, dsplit=True),
     # (8 warps: benchmarks/scripts/ab_mma2d_w8.patch applied; the kernel takes 4 otherwise)
@@ -50,6 +52,10 @@ B1_VARIANTS = {  # one 64K request: the split count decides the grid
 B1_CASES = [("decode", 128, "bf16"), ("decode", 128, "fp8_ds_mla"), ("decode", 64, "bf16")]
 if MODE == "b1":
     VARIANTS, CASES = B1_VARIANTS, B1_CASES
+if MODE == "bf16":  # the 16-bit cases only
+    CASES = [c for c in CASES if c[2] == "bf16"]
+if MODE == "portable":  # the issue's portable rows only
+    CASES = [("decode", 64, "bf16"), ("decode", 128, "bf16")]
 timer = DoBenchTimer(1, rep=40)
 for kind, h, fmt in CASES[:2] if MODE == "quick" else CASES:
     if MODE == "b1":

@@ -108,8 +108,10 @@ def test_mma2_entries_above_16_heads(arch_name, on_gpu):
     arch = ARCHS[arch_name]
     for fmt in ("bf16", "fp8_ds_mla"):
         one = choose_config(1, 128, 2048, CPU, kv_format=fmt, arch=arch, kernel="decode")
-        assert (one.family, one.block_h, one.block_n, one.num_warps, one.num_stages) == ("mma2", 32, 16, 4, 2)
+        assert (one.family, one.block_h, one.block_n, one.num_warps) == ("mma2", 32, 16, 4)
         assert one.dsplit == (fmt == "bf16")  # the dims split: bf16/fp16 caches
+        # its software-pipelined loop (three stages) where one program fills the SM anyway, two stages on sm80
+        assert one.num_stages == (3 if fmt == "bf16" and arch_name != "sm80" else 2)
         assert (one.num_splits, one.split_len) == (16, 128)
         # a tile the dims split cannot take: the mma2 kernel itself, same splits
         wide = choose_config(1, 128, 2048, CPU, kv_format=fmt, arch=arch, kernel="decode", block_n=64)

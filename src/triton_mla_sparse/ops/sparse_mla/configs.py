@@ -174,18 +174,19 @@ COMPILED_ONLY_SWITCHES = ("pdl", "merge")  # switches of a compiled NVIDIA launc
 MERGE_SPLITS = 2  # a merging decode loads every split's partial at once: up to this many (more, or one: combine kernel)
 
 
-def _mma2_entries(stages: int) -> dict[tuple[int, str], Launch]:
+def _mma2_entries(stages: int, dsplit_stages: int) -> dict[tuple[int, str], Launch]:
     """mma2 entries of the Ampere-class targets: up to 16 heads (and DeepSeek-V4 pages, unmeasured otherwise)
     16-head blocks of 32-row tiles with ``stages`` stages; more than 16 heads 32-head blocks of 16-row tiles (75 KB;
     half the rows gathered per head), measured with the sm120 entries on the H200 (benchmarks/NOTES.md, graph us,
     B=64): bf16 h32 / h64 / h128 77 / 140 / 264 vs 81 / 150 / 305 with 16-head blocks, fp8_ds_mla h64 / h128 187 / 355
     vs 238 / 433; splits of 128 entries or more (one 64K request, h128 bf16: 25 us with 16 splits, 49 with the 64 that
     fill two waves, 29 with 16-head blocks). The H200 ran two programs per SM where a 99 KB SM holds one of 75 KB: the
-    emulation's limit. bf16/fp16 caches there: the scores' dims split over the warps (``dsplit``, kernels_mma2d.py,
-    80 KB; h32 / h64 / h128 75 / 136 / 250 vs 77 / 139 / 266, prefill h64 7.2 vs 7.9 ms; three stages, 100 KB, were
-    0-3 % faster in decode and slower in prefill)."""
+    emulation's limit. bf16/fp16 caches there: the scores' dims split over the warps (``dsplit``, kernels_mma2d.py)
+    with ``dsplit_stages`` stages: two (80 KB) gave h32 / h64 / h128 75 / 136 / 250 vs 77 / 139 / 266, prefill h64
+    7.2 vs 7.9 ms; three (100352 B, the software-pipelined loop) 72.6 / 125.5 / 228.5 vs 74.4 / 135.4 / 250.0 and
+    6.94 vs 7.22 ms."""
     narrow, wide = _M(16, 32, 4, stages, 1), _M(32, 16, 4, 2, 1, min_split_len=128)
-    wide_16bit = replace(wide, dsplit=True)
+    wide_16bit = replace(wide, dsplit=True, num_stages=dsplit_stages)
     return {(hc, cc): narrow if hc == 16 or cc == "fp8_ds_mla_v4" else wide_16bit if cc == "16bit" else wide
             for hc in HEAD_CLASSES for cc in GLUON_CACHE_CLASSES}
 
@@ -215,11 +216,13 @@ GLUON_TABLE: dict[str, dict[tuple[int, str], Launch]] = {
         (32, "fp8_ds_mla_v4"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
         (64, "fp8_ds_mla_v4"): _T(32, 64, 4, 2, 1, max_waves=1, overlap=True, prefill=_W(64, 64, 8, 2, 1)),
     },
-    # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB) up to 16 heads; above, sm86's entry (two
-    # 75 KB programs per SM, as measured on the H200)
-    "sm80": _mma2_entries(3),
-    # ~99 KB (sm86, sm89, sm120): two stages (93 KB) up to 16 heads
-    "sm86": _mma2_entries(2),
+    # sm80 (163 KB of shared memory): three stages of 32-row tiles (130 KB) up to 16 heads; above, two programs per
+    # SM as measured on the H200: 75 KB (mma2), 80 KB (the dims split's two stages; its three, 100 KB, would leave
+    # one program per SM there: unmeasured)
+    "sm80": _mma2_entries(3, 2),
+    # ~99 KB (sm86, sm89, sm120): two stages (93 KB) up to 16 heads; one program per SM whatever the dims split's
+    # stages, so its three (100352 B, pipelined)
+    "sm86": _mma2_entries(2, 3),
 }
 GLUON_TABLE["sm89"] = GLUON_TABLE["sm86"]
 GLUON_TABLE["sm120"] = GLUON_TABLE["sm86"]

@@ -14,6 +14,10 @@ scores, and half the tile again for the output (two reads of q and the tile per 
 * q and the tile sit in shared memory as ``[warps, rows, 128]`` column quarters (RoPE ``[warps, rows, 16]``), which
   is also how the output's dots read them.
 
+With three or more stages the loop is software-pipelined: a step issues tile t + 1's score dot and then tile t's
+output dot (independent instructions the scheduler interleaves), and takes tile t + 1 into the softmax after both;
+tiles t and t + 1 stay resident, STAGES − 2 in flight. With two, each step does one tile's scores, softmax and output.
+
 bf16/fp16 caches read as stored, 4 warps, 16- or 32-head blocks, 16- or 32-row tiles, at least two stages, no extra
 cache: :func:`.configs.gluon_config_problem` and the launch decide.
 """
@@ -116,6 +120,47 @@ def _q_to_shared_d(q_nope_ptr, q_pe_ptr, i_t, i_hb, stride_qn_t, stride_qn_h, st
         qr_s.store(gl.load(_quarters(p_qr, o_wr, o_r, 0, ROPE // W), mask=(o_hr < H)[None, :, None], other=0.0))
 
 
+@gluon.jit
+def _scores_d(q_s, qr_s, kv_s, kr_s, st, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, HAS_ROPE: gl.constexpr):
+    """The 4 warps' partial scores ``[warps, heads, rows]`` of the tile in stage ``st``: warp w's column quarter."""
+    W: gl.constexpr = gl.num_warps()
+    M3: gl.constexpr = _batch_layout(W)
+    DA3: gl.constexpr = gl.DotOperandLayout(0, M3, 2)
+    DB3: gl.constexpr = gl.DotOperandLayout(1, M3, 2)
+    k_t = kv_s.index(st)  # [W, BLOCK_N, DW]
+    b_s3 = gl.zeros([W, BLOCK_H, BLOCK_N], gl.float32, M3)
+    for k0 in gl.static_range(0, LATENT // W, K_STEP):
+        b_s3 = ampere.mma_v2(q_s.slice(k0, K_STEP, dim=2).load(DA3),
+                             k_t.slice(k0, K_STEP, dim=2).permute([0, 2, 1]).load(DB3), b_s3)
+    if HAS_ROPE:
+        b_s3 = ampere.mma_v2(qr_s.load(DA3), kr_s.index(st).permute([0, 2, 1]).load(DB3), b_s3)
+    return b_s3
+
+
+@gluon.jit
+def _p_operand(b_p, b_alpha, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The probabilities as every warp's A operand of the output dot (broadcast along the batch dim) and the rescale
+    ``b_alpha`` in the output's layout."""
+    W: gl.constexpr = gl.num_warps()
+    M3: gl.constexpr = _batch_layout(W)
+    BC: gl.constexpr = _bcast_layout(W, BLOCK_N)
+    b_p3 = gl.convert_layout(b_p, gl.SliceLayout(0, BC))
+    b_pa = gl.convert_layout(gl.broadcast(b_p3[None, :, :], gl.zeros([W, BLOCK_H, BLOCK_N], b_p.dtype, BC))[0],
+                             gl.DotOperandLayout(0, M3, 2))
+    return b_pa, gl.convert_layout(b_alpha, gl.SliceLayout(0, gl.SliceLayout(2, M3)))[None, :, None]
+
+
+@gluon.jit
+def _softmax_d(b_s3, idx_c, num_slots, sm_scale_log2, b_m, b_l, dt: gl.constexpr, BLOCK_H: gl.constexpr,
+               BLOCK_N: gl.constexpr):
+    """A tile's partial scores ``b_s3`` summed, masked by its slot ids ``idx_c`` and taken into the online softmax:
+    returns the output dot's A operand, the rescale and the new running max and sum."""
+    b_s = gl.sum(gl.convert_layout(b_s3, _sum_layout(gl.num_warps(), BLOCK_H, BLOCK_N)), 0)
+    b_p, b_alpha, b_m, b_l = _softmax_step(b_s, idx_c, num_slots, sm_scale_log2, b_m, b_l)
+    b_pa, b_a3 = _p_operand(b_p.to(dt), b_alpha, BLOCK_H, BLOCK_N)
+    return b_pa, b_a3, b_m, b_l
+
+
 @gluon.jit(do_not_specialize=["T", "topk", "num_slots", "num_splits", "split_len", "topk2", "num_slots2"])
 def _sparse_mla_fwd_mma2d(
     q_nope_ptr, q_pe_ptr, kv_ptr, idx_ptr, topk_len_ptr, sink_ptr, k_scale_ptr, out_ptr, lse_ptr,
@@ -147,11 +192,9 @@ def _sparse_mla_fwd_mma2d(
     dt: gl.constexpr = q_nope_ptr.dtype.element_ty
 
     M3: gl.constexpr = _batch_layout(W)
-    DA3: gl.constexpr = gl.DotOperandLayout(0, M3, 2)
     DB3: gl.constexpr = gl.DotOperandLayout(1, M3, 2)
     SUM: gl.constexpr = _sum_layout(W, BLOCK_H, BLOCK_N)
     S2: gl.constexpr = gl.SliceLayout(0, SUM)
-    BC: gl.constexpr = _bcast_layout(W, BLOCK_N)
     ROW: gl.constexpr = gl.SliceLayout(1, _gather_layout(8, W))
     SH: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0])
     SR: gl.constexpr = gl.SwizzledSharedLayout(8, 4, 2, [2, 1, 0])
@@ -182,39 +225,62 @@ def _sparse_mla_fwd_mma2d(
     b_l = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, S2))
     b_o = gl.zeros([W, BLOCK_H, DW], gl.float32, M3)  # output column quarter w in warp w
 
-    for t in range(0, n_tiles):
-        st = t % STAGES
-        # this tile's slot ids in the score layout, for the masks (loaded STAGES - 1 steps ago: a cache hit)
-        idx_c = _ids_at(n_start + t * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
-                        stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
-                        stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
-                        BLOCK_N, gl.SliceLayout(0, S2), False)
+    if STAGES >= 3:
+        # software-pipelined: each step runs tile t's output dot beside tile t + 1's score dot (independent
+        # instructions for the scheduler), so tiles t and t + 1 are resident and STAGES - 2 tiles in flight
+        idx_c = _ids_at(n_start, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k, num_slots,
+                        block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr, stride_idx2_t, stride_idx2_k,
+                        num_slots2, block_size2, stride_kv2_blk, stride_kv2_row, BLOCK_N, gl.SliceLayout(0, S2),
+                        False)
         _ac.wait_group(STAGES - 2)
-        _barrier()  # tile t visible to every warp; every warp done with tile t - 1, whose stage is refilled now
-        t_nx = t + STAGES - 1
-        idx_t = idx_nx
-        idx_nx = _ids_at(n_start + (t_nx + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
-                         stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
-                         stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
-                         BLOCK_N, ROW, False)
-        if t_nx < n_tiles:
-            _issue_d(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, kv_s, kr_s, t_nx % STAGES,
-                     HAS_ROPE)
-        _ac.commit_group()
-        k_t = kv_s.index(st)  # [W, BLOCK_N, DW]
-        b_s3 = gl.zeros([W, BLOCK_H, BLOCK_N], gl.float32, M3)
-        for k0 in gl.static_range(0, DW, K_STEP):
-            b_s3 = ampere.mma_v2(q_s.slice(k0, K_STEP, dim=2).load(DA3),
-                                 k_t.slice(k0, K_STEP, dim=2).permute([0, 2, 1]).load(DB3), b_s3)
-        if HAS_ROPE:
-            b_s3 = ampere.mma_v2(qr_s.load(DA3), kr_s.index(st).permute([0, 2, 1]).load(DB3), b_s3)
-        b_s = gl.sum(gl.convert_layout(b_s3, SUM), 0)
-        b_p, b_alpha, b_m, b_l = _softmax_step(b_s, idx_c, num_slots, sm_scale_log2, b_m, b_l)
-        # every warp's batch takes all heads' probabilities: broadcast along the batch dim
-        b_p3 = gl.convert_layout(b_p.to(dt), gl.SliceLayout(0, BC))
-        b_pa = gl.convert_layout(gl.broadcast(b_p3[None, :, :], gl.zeros([W, BLOCK_H, BLOCK_N], dt, BC))[0], DA3)
-        b_a3 = gl.convert_layout(b_alpha, gl.SliceLayout(0, gl.SliceLayout(2, M3)))[None, :, None]
-        b_o = ampere.mma_v2(b_pa, k_t.load(DB3), b_o * b_a3)
+        _barrier()  # tile 0 (and q) visible to every warp
+        b_pa, b_a3, b_m, b_l = _softmax_d(_scores_d(q_s, qr_s, kv_s, kr_s, 0, BLOCK_H, BLOCK_N, HAS_ROPE), idx_c,
+                                          num_slots, sm_scale_log2, b_m, b_l, dt, BLOCK_H, BLOCK_N)
+        for t in range(0, n_tiles):
+            # tile t + 1's slot ids for its masks (past the last tile all -1: the softmax step then leaves the state
+            # as it is, whatever the scores read from a stage nobody writes now)
+            idx_c = _ids_at(n_start + (t + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                            stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                            stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
+                            BLOCK_N, gl.SliceLayout(0, S2), False)
+            _ac.wait_group(STAGES - 3)
+            _barrier()  # tile t + 1 visible; every warp done with tile t - 1, whose stage is refilled now
+            t_nx = t + STAGES - 1
+            idx_t = idx_nx
+            idx_nx = _ids_at(n_start + (t_nx + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                             stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                             stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
+                             BLOCK_N, ROW, False)
+            if t_nx < n_tiles:
+                _issue_d(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, kv_s, kr_s,
+                         t_nx % STAGES, HAS_ROPE)
+            _ac.commit_group()
+            b_s3 = _scores_d(q_s, qr_s, kv_s, kr_s, (t + 1) % STAGES, BLOCK_H, BLOCK_N, HAS_ROPE)
+            b_o = ampere.mma_v2(b_pa, kv_s.index(t % STAGES).load(DB3), b_o * b_a3)
+            b_pa, b_a3, b_m, b_l = _softmax_d(b_s3, idx_c, num_slots, sm_scale_log2, b_m, b_l, dt, BLOCK_H, BLOCK_N)
+    else:
+        for t in range(0, n_tiles):
+            st = t % STAGES
+            # this tile's slot ids in the score layout, for the masks (loaded STAGES - 1 steps ago: a cache hit)
+            idx_c = _ids_at(n_start + t * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                            stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                            stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
+                            BLOCK_N, gl.SliceLayout(0, S2), False)
+            _ac.wait_group(STAGES - 2)
+            _barrier()  # tile t visible to every warp; every warp done with tile t - 1, whose stage is refilled now
+            t_nx = t + STAGES - 1
+            idx_t = idx_nx
+            idx_nx = _ids_at(n_start + (t_nx + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                             stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
+                             stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
+                             BLOCK_N, ROW, False)
+            if t_nx < n_tiles:
+                _issue_d(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, kv_s, kr_s,
+                         t_nx % STAGES, HAS_ROPE)
+            _ac.commit_group()
+            b_pa, b_a3, b_m, b_l = _softmax_d(_scores_d(q_s, qr_s, kv_s, kr_s, st, BLOCK_H, BLOCK_N, HAS_ROPE),
+                                              idx_c, num_slots, sm_scale_log2, b_m, b_l, dt, BLOCK_H, BLOCK_N)
+            b_o = ampere.mma_v2(b_pa, kv_s.index(st).load(DB3), b_o * b_a3)
     _ac.wait_group(0)  # no copy may outlive the program's shared memory
     if PDL:  # the combine kernel may start (and wait for this grid) once every program has left its loop
         _launch_dependents()
