@@ -8,7 +8,8 @@ replay (median of 5), prefill by do_bench. Session 18's runs: benchmarks/results
 (these variants, the "sm120 table" line the 16-head entry before 32-head blocks took the table), and
 ab-h200-2026-12-03-mma2-qreg.txt (q in registers: benchmarks/scripts/ab_mma2_qreg.patch, dropped); session 19's:
 ab-h200-2026-12-03-mma2d.txt (the dims split, kept) and ab-h200-2026-12-03-mma2d-w8.txt (on 8 warps, dropped);
-session 20's: ab-h200-2026-12-04-mma2d-pipe.txt (the dims split's software-pipelined three stages, kept)."""
+session 20's: ab-h200-2026-12-04-mma2d-pipe.txt (the dims split's software-pipelined three stages, kept) and
+ab-h200-2026-12-04-mma2d-lazy.txt (a lazy running max: benchmarks/scripts/ab_mma2d_lazy.patch, dropped)."""
 import statistics
 import sys
 

@@ -454,3 +454,28 @@ def test_extra_cache(pool, gluon_launches, fmt, kernel, family):
         assert (gluon_launches["mma2"], gluon_launches["mma2d"]) == (1, 0)
     check_against_reference(out, lse, q, c.tensor, idx, kv_format=c.kv_format, topk_length=tl1, attn_sink=sink,
                             **extra)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_mma2d_running_max_jumps(pool, kernel, stages):
+    """The dims split's running max moving twice in mid-list, in both loops (two stages, and three: pipelined): rows
+    whose slots at a quarter of the list and near its end hold one head's q times 0.5 and 1 (scores ~26 and ~52 in
+    log2 units, the rest below ~8), so that the output accumulated so far is rescaled by ~2^-20 each time."""
+    _skip_unless_supported("bf16", "mma2d")
+    torch.manual_seed(77 + stages)
+    T, H = ROWS[64], 64
+    c = pool.caches["bf16"]
+    q = make_q(T, H, c.q_dtype)
+    idx = make_indices(pool, T)
+    cache = c.tensor.clone()
+    flat = cache.view(-1, cache.shape[-1])
+    for t in range(T):
+        for pos, mult in ((TOPK // 4 + 3 + t % 5, 0.5), (TOPK - 5 - t % 7, 1.0)):
+            flat[idx[t, pos]] = (q[t, t % H] * mult).to(cache.dtype)
+    out = torch.full((T, H, 512), float("nan"), dtype=c.q_dtype, device=DEV)
+    _, lse, cfg = sparse_mla_attention_with_config(q, cache, idx, SCALE, kv_format=c.kv_format, out=out,
+                                                   return_lse=True, kernel=kernel, return_config=True,
+                                                   **dict(MMA2D_WIDE, num_stages=stages, family="mma2"))
+    assert (cfg.family, cfg.dsplit, cfg.num_stages) == ("mma2", True, stages)
+    check_against_reference(out, lse, q, cache, idx, kv_format=c.kv_format, all_rows=True)
