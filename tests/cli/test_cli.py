@@ -76,7 +76,8 @@ def test_info_without_a_gpu_and_for_an_arch():
     assert "architecture family: sm86" in r.stdout and "launch table" in r.stdout
     assert "integer decode" in r.stdout  # sm86 has no native e4m3 conversion
     assert "+pdl" not in r.stdout
-    assert "16bit: mma2 bh32 bn16 w4 s2 x1 split>=128" in r.stdout  # more than 16 heads: the split-length floor
+    # more than 16 heads: the dims split (three stages, pipelined) and the split-length floor
+    assert "16bit: mma2 bh32 bn16 w4 s3 x1 +dsplit split>=128" in r.stdout
     r = run_cli("info", "--arch", "sm90")  # the entry whose combine is a programmatic dependent launch says so
     assert r.returncode == 0 and "fp8_ds_mla: wgmma_t bh16 bn64 w4 s2 x1 +overlap +pdl waves<=1; prefill wgmma_ws " \
         "bh16 bn64 w12 s2 x1" in r.stdout, r.stdout

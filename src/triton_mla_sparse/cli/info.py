@@ -81,7 +81,8 @@ def _describe(launch: Launch) -> str:
     """One launch-table entry: family, block_h, block_n, warps, stages, programs/SM and its variants."""
     stages = f"s{launch.num_stages}" + (f"/prefill s{launch.prefill_stages}" if launch.prefill_stages else "")
     bn = f"bn{launch.block_n}" + (f"/prefill bn{launch.prefill_block_n}" if launch.prefill_block_n else "")
-    flags = "".join(f" +{k}" for k in ("low_reg", "f16_dot", "overlap", "pdl", "merge") if getattr(launch, k))
+    flags = "".join(f" +{k}" for k in ("low_reg", "f16_dot", "overlap", "pdl", "merge", "dsplit")
+                    if getattr(launch, k))
     flags += f" reg{launch.max_registers}" if launch.max_registers is not None else ""
     flags += f" waves<={launch.max_waves}" if launch.max_waves != 2 else ""
     flags += f" split>={launch.min_split_len}" if launch.min_split_len != 1 else ""
