@@ -1,11 +1,11 @@
 """The plugin on vLLM 0.33.0's ROCm platform: the sparse-MLA priority list, vLLM's selection, the DSA indexer route.
 
 Run on this CPU host against the real ``vllm.platforms.rocm`` (the ``rocm_platform`` fixture, i.e.
-``simulated_platform.rocm_platform_for``): what is simulated is the GPU only — the module is imported with an
-``amdsmi`` stand-in reporting the gfx name (vLLM reads it at import, through amdsmi or else HIP), its ``_GCN_ARCH``
-and the ``_ON_*`` flags are set for each target by vLLM's own definitions, and vLLM's ``RocmPlatform`` class is the
-current platform with its device probes (capability from vLLM's ``_capability_from_gcn_arch``, name, memory)
-answering for it. aiter is not installed here; where a test needs vLLM's aiter route it sets the two values vLLM reads
+``simulated_platform.rocm_platform_for``): what is simulated is the GPU only — the module is imported with an ``amdsmi``
+stand-in reporting the gfx name (vLLM reads it at import, through amdsmi or else HIP), its ``_GCN_ARCH`` and the
+``_ON_*`` flags are set for each target by vLLM's own definitions, and vLLM's ``RocmPlatform`` class is the current
+platform with its device probes (capability from vLLM's ``_capability_from_gcn_arch``, name, memory) answering for
+it. aiter is not installed here; where a test needs vLLM's aiter route it sets the two values vLLM reads
 (``_aiter_ops.IS_AITER_FOUND``, ``rocm_aiter_ops._AITER_ENABLED``) and replaces vLLM's ROCm indexer op by a
 recorder, since aiter's kernels cannot run here.
 """
