@@ -1,7 +1,7 @@
 """A/B timing of the split select's chunk / step / tail sizes inside ``indexer_topk`` on decode rows (graph-replay
 medians, µs) for whichever source tree is on PYTHONPATH; trees that lack a field skip the variants that set it.
-Behind benchmarks/results/ab-h200-2026-12-03-select.txt (session 16) and ab-h200-2026-12-03-fused.txt (session 19,
-the fused variants; benchmarks/NOTES.md):
+Behind benchmarks/results/ab-h200-2026-12-03-select.txt (session 16), ab-h200-2026-12-03-fused.txt (session 19,
+the fused variants) and ab-h200-2026-12-04-atomic.txt (session 21, per-position claims; benchmarks/NOTES.md):
 
     PYTHONPATH=<tree>/src python benchmarks/scripts/ab_select.py <tag> [VARIANT,VARIANT,...]
 
@@ -42,6 +42,17 @@ VARIANTS = {  # (split_chunk, split_block, split_tail)
     "fused c8192 b2048 t512": dict(split_chunk=8192, split_block=2048, split_tail=512, fused=True),
     "fused c8192 b1024 t512": dict(split_chunk=8192, split_block=1024, split_tail=512, fused=True),
     "fused c16384 b2048 t512": dict(split_chunk=16384, split_block=2048, split_tail=512, fused=True),
+    # session 21: slots claimed per position where the boundary bin holds fewer than split_atomic keys
+    "c8192 b4096 t512 a4096": dict(split_chunk=8192, split_block=4096, split_tail=512, split_atomic=4096),
+    "c8192 b2048 t512 a4096": dict(split_chunk=8192, split_block=2048, split_tail=512, split_atomic=4096),
+    "c8192 b1024 t512 a4096": dict(split_chunk=8192, split_block=1024, split_tail=512, split_atomic=4096),
+    "c16384 b4096 t512 a4096": dict(split_chunk=16384, split_block=4096, split_tail=512, split_atomic=4096),
+    "c4096 b4096 t512 a4096": dict(split_chunk=4096, split_block=4096, split_tail=512, split_atomic=4096),
+    "c8192 b512 t512 a4096": dict(split_chunk=8192, split_block=512, split_tail=512, split_atomic=4096),
+    "c8192 b1024 t256 a4096": dict(split_chunk=8192, split_block=1024, split_tail=256, split_atomic=4096),
+    "c16384 b1024 t512 a4096": dict(split_chunk=16384, split_block=1024, split_tail=512, split_atomic=4096),
+    "c4096 b1024 t512 a4096": dict(split_chunk=4096, split_block=1024, split_tail=512, split_atomic=4096),
+    "c8192 b1024 t512": dict(split_chunk=8192, split_block=1024, split_tail=512),
 }
 
 

@@ -7,6 +7,7 @@ sizes. Results are checked exactly against the rows' own top values (:func:`topk
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,16 +20,18 @@ from triton_mla_sparse.ops.topk.configs import SelectConfig
 from triton_mla_sparse.ops.topk.split_select import launch_split_select
 
 
-def _cfg(chunk: int, block: int, bound: bool, min_chunks: int, tail: int = 1024) -> SelectConfig:
-    return SelectConfig(select="split", split_chunk=chunk, split_block=block, split_tail=tail, bound=bound,
-                        bound_min_chunks=min_chunks)
+def _cfg(chunk: int, block: int, bound: bool, min_chunks: int, tail: int = 1024, atomic: int = 0) -> SelectConfig:
+    return SelectConfig(select="split", split_chunk=chunk, split_block=block, split_tail=tail, split_atomic=atomic,
+                        bound=bound, bound_min_chunks=min_chunks)
 
 
-@pytest.mark.parametrize("tail", (4, 1024))
-def test_select_kernel_special_values(tail):
+@pytest.mark.parametrize("tail,atomic", ((4, 0), (1024, 64)))
+def test_select_kernel_special_values(tail, atomic):
     """The split selection alone on crafted rows: ±0, +inf, huge and tiny magnitudes, negatives, many ties, a row
     of equal values (its whole width in one histogram bin); ``tail`` 4: boundary bins of more keys than the last
-    program's step (read again per radix pass), 1024: every bin read once into registers."""
+    program's step (read again per radix pass), 1024: every bin read once into registers; ``atomic`` 0: every
+    slot claimed by a step's block scan, 64: per position in the rows whose boundary bin holds fewer keys (the
+    rows of ties keep the scan)."""
     rows = [
         [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, 3e38, -3e38, 1e-40, -1e-40],
         [-5.0] * 7 + [-math.inf] * 3,
@@ -56,7 +59,7 @@ def test_select_kernel_special_values(tail):
     for name, cfg in configs.items():
         for topk in (1, 3, 6, 9, 12, 150):
             out = torch.full((x.shape[0], topk), 777, dtype=torch.int32, device=DEVICE)
-            launch_split_select(x, out, topk, cfg)
+            launch_split_select(x, out, topk, replace(cfg, split_atomic=atomic))
             assert_topk_matches(out, x, topk, what=f"{name} topk={topk}", exact=True)
 
 
@@ -121,7 +124,7 @@ def test_topk_bound_counts_enough(topk):
     """The split select's bound pass: per group size, the chunks all of whose groups hold a candidate take part;
     the bound the histogram counts from has at least min(topk, candidates) logits at or above it; on iid rows and
     small top-k it excludes most of the row (or the pass would be useless); the selection stays exact."""
-    cfg = _cfg(256, 64, True, 8)
+    cfg = _cfg(256, 64, True, 8, atomic=1 << 14)  # slots claimed per position (the special-values test: by scans)
 
     g = torch.Generator().manual_seed(topk)
     L = 2048
@@ -145,6 +148,11 @@ def test_topk_bound_counts_enough(topk):
     slots = ws[:, S.NREP * S.NBINS + 10:S.NREP * S.NBINS + 18].cpu().long()
     counted = ws[:, :S.NREP * S.NBINS].sum(1).cpu()
     in_bin = ws[:, S.NREP * S.NBINS + 9].cpu()
+    # one claim per taken position: the output slots claimed are the candidates above the threshold bin, the
+    # boundary slots those in it
+    claims = ws[:, S.NREP * S.NBINS:S.NREP * S.NBINS + 2].cpu()
+    assert claims[:, 0].tolist() == ws[:, S.NREP * S.NBINS + 7].cpu().tolist()
+    assert claims[:, 1].tolist() == in_bin.tolist()
     keys = _sortable_keys(x.cpu())
     cand = keys > S.KEY_NINF
     for t in range(T):

@@ -75,9 +75,9 @@ def test_the_choice_per_architecture():
         assert T.select_config_for(arch).select == ("split" if name == "sm90" else "torch"), name
         assert T.select_config_for(arch, shared_rows=True).select == "torch", name
     interp = T.select_config_for(None)
-    assert (interp.select, interp.split_chunk, interp.split_block, interp.split_tail, interp.bound_min_chunks) == (
-        "split", 256, 64, 16, 2)
+    assert (interp.select, interp.split_chunk, interp.split_block, interp.split_tail, interp.split_atomic,
+            interp.bound_min_chunks) == ("split", 256, 64, 16, 64, 2)
     sm90 = T.select_config_for(ARCHS["sm90"])
-    assert (sm90.split_chunk, sm90.split_block, sm90.split_tail, sm90.bound, sm90.bound_min_chunks) == (
-        8192, 4096, 512, True, 8)
+    assert (sm90.split_chunk, sm90.split_block, sm90.split_tail, sm90.split_atomic, sm90.bound,
+            sm90.bound_min_chunks) == (8192, 2048, 512, 4096, True, 8)
     assert T.choose_select_config(torch.device("cpu")) == interp  # tests run under the interpreter

@@ -237,10 +237,12 @@ def _emit(key, pos, m_j, tau, left, eq_seen, base, p_o, stride_o_k, topk):
 def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, stride_x_p, stride_o_t, stride_o_k,
                               stride_w_t, stride_b_t, L, topk, n_chunks,
                               CHUNK: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr, NB: tl.constexpr,
-                              NREP: tl.constexpr):
+                              NREP: tl.constexpr, ATOMIC: tl.constexpr):
     """Split select, step 2 (one program per row and chunk), from step 1's threshold bin b: every program writes
     the positions of its counted candidates above b straight into the output (slots claimed with an atomic
-    counter) and those in b into the row's boundary buffer. The row's last program to finish (an acq_rel counter)
+    counter: one claim per position where b holds fewer than ``ATOMIC`` keys, else one per step for the step's
+    positions, ranked by a block scan) and those in b into the row's boundary buffer. The row's last program to
+    finish (an acq_rel counter)
     then takes the largest ``need - above(b)`` boundary keys by a radix select on the bits below the bin (up to 3
     passes; a boundary bin of at most ``TAIL`` keys, the usual case, is read once and resolved in registers),
     appends them, and pads the rest of the row with -1."""
@@ -262,22 +264,38 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
     # the threshold bin as bounds on 32-bit keys: compares, not a bin per position
     any_gt, key_gt, key_eq = _bin_keys(b_thr, lo, kbase, shift)
     p_end = tl.minimum(p_start + CHUNK, L)
-    for p0 in range(p_start, p_end, BLOCK):
-        o_p = p0 + o_b
-        key = _sortable_key32(tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf")))
-        gt = (key >= key_gt) & any_gt
-        taken = key >= key_eq  # above the bin or in it (key_gt >= key_eq)
-        # gt counted in the low 16 bits, those in the bin above (a block holds at most 2^14 positions, so neither
-        # half overflows): one sum claims both counters (their round trips overlap), one scan ranks both
-        both = tl.where(gt, 1, tl.where(taken, 65536, 0))
-        n_both = tl.sum(both, 0)
-        base_gt = tl.atomic_add(p_s + _CNT_GT, n_both & 0xFFFF, sem="relaxed")
-        base_eq = tl.atomic_add(p_s + _CNT_EQ, n_both >> 16, sem="relaxed")
-        rank = tl.cumsum(both, 0)
-        # one store a position: above the bin to the output, in it to the boundary buffer
-        dst = tl.where(gt, p_o + (base_gt + (rank & 0xFFFF) - 1).to(tl.int64) * stride_o_k,
-                       p_buf + (base_eq + (rank >> 16) - 1).to(tl.int64))
-        tl.store(dst, o_p, mask=taken)
+    if n_bound < ATOMIC:
+        # few keys to claim (at most topk above the bin, fewer than ATOMIC in it): a claim per taken position, no
+        # block-wide sum, scan or barrier per step (a crowded bin, e.g. a row of equal logits, would serialise its
+        # claims on one counter: the scan below)
+        ones = tl.full([BLOCK], 1, dtype=tl.int32)
+        for p0 in range(p_start, p_end, BLOCK):
+            o_p = p0 + o_b
+            key = _sortable_key32(tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end,
+                                          other=float("-inf")))
+            gt = (key >= key_gt) & any_gt
+            taken = key >= key_eq
+            slot = tl.atomic_add(tl.where(gt, p_s + _CNT_GT, p_s + _CNT_EQ), ones, mask=taken, sem="relaxed")
+            dst = tl.where(gt, p_o + slot.to(tl.int64) * stride_o_k, p_buf + slot.to(tl.int64))
+            tl.store(dst, o_p, mask=taken)
+    else:
+        for p0 in range(p_start, p_end, BLOCK):
+            o_p = p0 + o_b
+            key = _sortable_key32(tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end,
+                                          other=float("-inf")))
+            gt = (key >= key_gt) & any_gt
+            taken = key >= key_eq  # above the bin or in it (key_gt >= key_eq)
+            # gt counted in the low 16 bits, those in the bin above (a block holds at most 2^14 positions, so
+            # neither half overflows): one sum claims both counters (their round trips overlap), one scan ranks both
+            both = tl.where(gt, 1, tl.where(taken, 65536, 0))
+            n_both = tl.sum(both, 0)
+            base_gt = tl.atomic_add(p_s + _CNT_GT, n_both & 0xFFFF, sem="relaxed")
+            base_eq = tl.atomic_add(p_s + _CNT_EQ, n_both >> 16, sem="relaxed")
+            rank = tl.cumsum(both, 0)
+            # one store a position: above the bin to the output, in it to the boundary buffer
+            dst = tl.where(gt, p_o + (base_gt + (rank & 0xFFFF) - 1).to(tl.int64) * stride_o_k,
+                           p_buf + (base_eq + (rank >> 16) - 1).to(tl.int64))
+            tl.store(dst, o_p, mask=taken)
 
     tl.debug_barrier()  # every thread's buffer writes precede the release below (explicit on every Triton version)
     done = tl.atomic_add(p_s + _DONE, 1, sem="acq_rel")
@@ -345,7 +363,9 @@ def launch_split_select(logits: torch.Tensor, out: torch.Tensor, topk: int, cfg:
     counting the candidates at or above the bound, then a pass that writes the rows' positions above the threshold
     bin and resolves the boundary bin. ``cfg.split_chunk`` / ``cfg.split_block`` / ``cfg.split_tail``: positions per
     program / per step / boundary keys per step of a row's last program, powers of two (block and tail at most
-    ``MAX_SPLIT_BLOCK``); ``cfg.select`` is not read. Returns the workspace
+    ``MAX_SPLIT_BLOCK``); ``cfg.split_atomic``: rows whose boundary bin holds fewer keys claim their output and
+    boundary slots per position (atomics) rather than per step (block scans); ``cfg.select`` is not read. Returns
+    the workspace
     ``(ws, buf)`` (for inspection), or None for no rows. ``ws``: a zeroed int32 [T, WS_WIDTH] workspace (e.g. zeroed
     by the logits launch); None: a new one.
     """
@@ -381,6 +401,6 @@ def launch_split_select(logits: torch.Tensor, out: torch.Tensor, topk: int, cfg:
                  num_warps=SPLIT_WARPS)
     _launch_split_select(grid, (logits, out, ws, buf, logits.stride(0), logits.stride(1), out.stride(0),
                                 out.stride(1), ws.stride(0), buf.stride(0), L, topk, n_chunks),
-                         dict(const, TAIL=cfg.split_tail),
+                         dict(const, TAIL=cfg.split_tail, ATOMIC=cfg.split_atomic),
                          num_warps=SPLIT_WARPS)
     return ws, buf
