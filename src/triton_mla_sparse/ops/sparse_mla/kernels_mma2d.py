@@ -66,10 +66,14 @@ def _bcast_layout(num_warps, block_n):
 
 
 @constexpr_function
-def _gather3_layout(num_warps, cols):
-    """``[warps, rows, cols]`` gathers of 16-byte vectors (8 elements), a row's vectors over adjacent lanes."""
+def _gather3_layout(num_warps, cols, rows):
+    """``[warps, rows, cols]`` gathers of 16-byte vectors (8 elements), a row's vectors over adjacent lanes; lanes
+    and warps the rows do not fill go along the first dim (no element copied by two threads)."""
     lanes_c = min(cols // 8, 32)
-    return gl.BlockedLayout([1, 1, 8], [1, 32 // lanes_c, lanes_c], [1, num_warps, 1], [2, 1, 0])
+    lanes_r = min(32 // lanes_c, rows)
+    warps_r = max(1, min(num_warps, rows // lanes_r))
+    lanes = [32 // (lanes_c * lanes_r), lanes_r, lanes_c]
+    return gl.BlockedLayout([1, 1, 8], lanes, [num_warps // warps_r, warps_r, 1], [2, 1, 0])
 
 
 @gluon.jit
@@ -84,14 +88,15 @@ def _issue_d(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row, k
     """Start the copies of one tile's rows (slot ids ``idx``) into stage ``st``: column quarter w of the latent part
     to ``kv_s[st, w]``, of the RoPE part to ``kr_s[st, w]``; invalid ids zero-fill their rows."""
     W: gl.constexpr = gl.num_warps()
-    G3: gl.constexpr = _gather3_layout(W, LATENT // W)
+    N: gl.constexpr = kv_s.shape[2]
+    G3: gl.constexpr = _gather3_layout(W, LATENT // W, N)
     LR: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, G3))
     p_row, m_n = _row_ptrs(kv_ptr, gl.convert_layout(idx, LR), num_slots, block_size, stride_kv_blk, stride_kv_row)
     o_w = gl.arange(0, W, gl.SliceLayout(1, gl.SliceLayout(2, G3)))
     o_c = gl.arange(0, LATENT // W, gl.SliceLayout(0, gl.SliceLayout(1, G3)))
     _async_load(kv_s.index(st), _quarters(p_row, o_w, o_c, 0, LATENT // W), mask=m_n[None, :, None])
     if HAS_ROPE:
-        GR: gl.constexpr = _gather3_layout(W, ROPE // W)
+        GR: gl.constexpr = _gather3_layout(W, ROPE // W, N)
         LRR: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, GR))
         p_r = gl.convert_layout(p_row, LRR)
         m_r = gl.convert_layout(m_n, LRR)
@@ -105,14 +110,14 @@ def _q_to_shared_d(q_nope_ptr, q_pe_ptr, i_t, i_hb, stride_qn_t, stride_qn_h, st
                    HAS_ROPE: gl.constexpr, BLOCK_H: gl.constexpr):
     """q of this row and head block into its column quarters in shared memory (heads past H read as 0)."""
     W: gl.constexpr = gl.num_warps()
-    G3: gl.constexpr = _gather3_layout(W, LATENT // W)
+    G3: gl.constexpr = _gather3_layout(W, LATENT // W, BLOCK_H)
     o_h = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, G3)))
     o_w = gl.arange(0, W, gl.SliceLayout(1, gl.SliceLayout(2, G3)))
     o_c = gl.arange(0, LATENT // W, gl.SliceLayout(0, gl.SliceLayout(1, G3)))
     p_q = q_nope_ptr + i_t * stride_qn_t + o_h.to(gl.int64) * stride_qn_h
     q_s.store(gl.load(_quarters(p_q, o_w, o_c, 0, LATENT // W), mask=(o_h < H)[None, :, None], other=0.0))
     if HAS_ROPE:
-        GR: gl.constexpr = _gather3_layout(W, ROPE // W)
+        GR: gl.constexpr = _gather3_layout(W, ROPE // W, BLOCK_H)
         o_hr = i_hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(0, gl.SliceLayout(2, GR)))
         o_wr = gl.arange(0, W, gl.SliceLayout(1, gl.SliceLayout(2, GR)))
         o_r = gl.arange(0, ROPE // W, gl.SliceLayout(0, gl.SliceLayout(1, GR)))
