@@ -9,7 +9,9 @@ replay (median of 5), prefill by do_bench. Session 18's runs: benchmarks/results
 ab-h200-2026-12-03-mma2-qreg.txt (q in registers: benchmarks/scripts/ab_mma2_qreg.patch, dropped); session 19's:
 ab-h200-2026-12-03-mma2d.txt (the dims split, kept) and ab-h200-2026-12-03-mma2d-w8.txt (on 8 warps, dropped);
 session 20's: ab-h200-2026-12-04-mma2d-pipe.txt (the dims split's software-pipelined three stages, kept) and
-ab-h200-2026-12-04-mma2d-lazy.txt (a lazy running max: benchmarks/scripts/ab_mma2d_lazy.patch, dropped)."""
+ab-h200-2026-12-04-mma2d-lazy.txt (a lazy running max: benchmarks/scripts/ab_mma2d_lazy.patch, dropped); session 21's:
+ab-h200-2026-12-04-mma2d-gather.txt (RoPE gathers without replicated copies, kept) and
+ab-h200-2026-12-04-mma2d-qreg8.txt (8 warps, q in registers: benchmarks/scripts/ab_mma2d_qreg8.patch, dropped)."""
 import statistics
 import sys
 
