@@ -106,6 +106,25 @@ def _issue_d(kv_ptr, idx, num_slots, block_size, stride_kv_blk, stride_kv_row, k
 
 
 @gluon.jit
+def _refill_d(t_nx, idx_nx, n_tiles, i_t, n_start, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t, stride_idx_k,
+              num_slots, block_size, stride_kv_blk, stride_kv_row, kv_s, kr_s, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, HAS_ROPE: gl.constexpr):
+    """A loop step's refill: the copies of tile ``t_nx`` (slot ids ``idx_nx``, loaded a step before) into its stage
+    when the range has it, one commit group either way (so the waits count steps); returns tile ``t_nx + 1``'s
+    slot ids."""
+    ROW: gl.constexpr = gl.SliceLayout(1, _gather_layout(8, gl.num_warps()))
+    idx_next = _ids_at(n_start + (t_nx + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
+                       stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv_ptr, idx_ptr,
+                       stride_idx_t, stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, BLOCK_N, ROW,
+                       False)
+    if t_nx < n_tiles:
+        _issue_d(kv_ptr, idx_nx, num_slots, block_size, stride_kv_blk, stride_kv_row, kv_s, kr_s, t_nx % STAGES,
+                 HAS_ROPE)
+    _ac.commit_group()
+    return idx_next
+
+
+@gluon.jit
 def _q_to_shared_d(q_nope_ptr, q_pe_ptr, i_t, i_hb, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, H, q_s, qr_s,
                    HAS_ROPE: gl.constexpr, BLOCK_H: gl.constexpr):
     """q of this row and head block into its column quarters in shared memory (heads past H read as 0)."""
@@ -250,16 +269,9 @@ def _sparse_mla_fwd_mma2d(
                             BLOCK_N, gl.SliceLayout(0, S2), False)
             _ac.wait_group(STAGES - 3)
             _barrier()  # tile t + 1 visible; every warp done with tile t - 1, whose stage is refilled now
-            t_nx = t + STAGES - 1
-            idx_t = idx_nx
-            idx_nx = _ids_at(n_start + (t_nx + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
-                             stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
-                             stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
-                             BLOCK_N, ROW, False)
-            if t_nx < n_tiles:
-                _issue_d(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, kv_s, kr_s,
-                         t_nx % STAGES, HAS_ROPE)
-            _ac.commit_group()
+            idx_nx = _refill_d(t + STAGES - 1, idx_nx, n_tiles, i_t, n_start, n_end, n_row, n_pad, kv_ptr, idx_ptr,
+                               stride_idx_t, stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv_s,
+                               kr_s, BLOCK_N, STAGES, HAS_ROPE)
             b_s3 = _scores_d(q_s, qr_s, kv_s, kr_s, (t + 1) % STAGES, BLOCK_H, BLOCK_N, HAS_ROPE)
             b_o = ampere.mma_v2(b_pa, kv_s.index(t % STAGES).load(DB3), b_o * b_a3)
             b_pa, b_a3, b_m, b_l = _softmax_d(b_s3, idx_c, num_slots, sm_scale_log2, b_m, b_l, dt, BLOCK_H, BLOCK_N)
@@ -273,16 +285,9 @@ def _sparse_mla_fwd_mma2d(
                             BLOCK_N, gl.SliceLayout(0, S2), False)
             _ac.wait_group(STAGES - 2)
             _barrier()  # tile t visible to every warp; every warp done with tile t - 1, whose stage is refilled now
-            t_nx = t + STAGES - 1
-            idx_t = idx_nx
-            idx_nx = _ids_at(n_start + (t_nx + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
-                             stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv2_ptr, idx2_ptr,
-                             stride_idx2_t, stride_idx2_k, num_slots2, block_size2, stride_kv2_blk, stride_kv2_row,
-                             BLOCK_N, ROW, False)
-            if t_nx < n_tiles:
-                _issue_d(kv_ptr, idx_t, num_slots, block_size, stride_kv_blk, stride_kv_row, kv_s, kr_s,
-                         t_nx % STAGES, HAS_ROPE)
-            _ac.commit_group()
+            idx_nx = _refill_d(t + STAGES - 1, idx_nx, n_tiles, i_t, n_start, n_end, n_row, n_pad, kv_ptr, idx_ptr,
+                               stride_idx_t, stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv_s,
+                               kr_s, BLOCK_N, STAGES, HAS_ROPE)
             b_pa, b_a3, b_m, b_l = _softmax_d(_scores_d(q_s, qr_s, kv_s, kr_s, st, BLOCK_H, BLOCK_N, HAS_ROPE),
                                               idx_c, num_slots, sm_scale_log2, b_m, b_l, dt, BLOCK_H, BLOCK_N)
             b_o = ampere.mma_v2(b_pa, kv_s.index(st).load(DB3), b_o * b_a3)
