@@ -106,7 +106,7 @@ from e2e.schema import OURS_V41, PEER_V41
 from e2e.weights import recompute_v4, rule
 from e2e.worker import backend_env, engine_kwargs
 from triton_mla_sparse.integrations.vllm import plugin, register
-from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
+from triton_mla_sparse.integrations.vllm.simulated_platform import cuda_platform_for
 
 
 class NoStream:  # the decoder creates CUDA streams and events at construction; nothing runs here
@@ -117,7 +117,7 @@ class NoStream:  # the decoder creates CUDA streams and events at construction; 
 torch.cuda.Stream = torch.cuda.Event = NoStream
 register()
 out = {}
-with _cuda_platform_for(cuda_mod, 9, 0, True):
+with cuda_platform_for(cuda_mod, 9, 0, True):
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs

@@ -119,14 +119,14 @@ def vc(model_configs):
 @pytest.fixture
 def rocm_platform(cuda_platform_module):
     """``rocm_platform("gfx1201")`` -> (vLLM's current platform, ``vllm.platforms.rocm``) with vLLM's ROCm platform
-    simulated for that gfx name until the test ends (what is simulated: ``select._rocm_platform_for``)."""
+    simulated for that gfx name until the test ends (what is simulated: ``simulated_platform.rocm_platform_for``)."""
     from contextlib import ExitStack
 
     from triton_mla_sparse.integrations.vllm import indexer
-    from triton_mla_sparse.integrations.vllm.select import _rocm_platform_for
+    from triton_mla_sparse.integrations.vllm.simulated_platform import rocm_platform_for
 
     # The Triton indexer's torch op, registered under this host's platform first: registered under the simulated one
     # (by register() there) it would take vLLM's ROCm dispatch key, CUDA, and refuse the tests' CPU tensors.
     indexer._register_torch_op()
     with ExitStack() as stack:
-        yield lambda gfx: stack.enter_context(_rocm_platform_for(gfx))
+        yield lambda gfx: stack.enter_context(rocm_platform_for(gfx))

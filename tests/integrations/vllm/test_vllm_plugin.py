@@ -63,9 +63,9 @@ def test_attention_backend_cli_name_resolves(cuda_platform_module):
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
+    from triton_mla_sparse.integrations.vllm.simulated_platform import cuda_platform_for
 
-    with _cuda_platform_for(cuda_platform_module, 8, 9, simulate=True):  # vLLM's CLI defaults need a device
+    with cuda_platform_for(cuda_platform_module, 8, 9, simulate=True):  # vLLM's CLI defaults need a device
         parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
         args = parser.parse_args(["--model", "some/model", "--attention-backend", "TRITON_MLA_SPARSE"])
         engine_args = EngineArgs.from_cli_args(args)

@@ -1,11 +1,11 @@
 """The plugin on vLLM 0.33.0's ROCm platform: the sparse-MLA priority list, vLLM's selection, the DSA indexer route.
 
 Run on this CPU host against the real ``vllm.platforms.rocm`` (the ``rocm_platform`` fixture, i.e.
-``select._rocm_platform_for``): what is simulated is the GPU only — the module is imported with an ``amdsmi``
-stand-in reporting the gfx name (vLLM reads it at import, through amdsmi or else HIP), its ``_GCN_ARCH`` and the
-``_ON_*`` flags are set for each target by vLLM's own definitions, and vLLM's ``RocmPlatform`` class is the current
-platform with its device probes (capability from vLLM's ``_capability_from_gcn_arch``, name, memory) answering for
-it. aiter is not installed here; where a test needs vLLM's aiter route it sets the two values vLLM reads
+``simulated_platform.rocm_platform_for``): what is simulated is the GPU only — the module is imported with an
+``amdsmi`` stand-in reporting the gfx name (vLLM reads it at import, through amdsmi or else HIP), its ``_GCN_ARCH``
+and the ``_ON_*`` flags are set for each target by vLLM's own definitions, and vLLM's ``RocmPlatform`` class is the
+current platform with its device probes (capability from vLLM's ``_capability_from_gcn_arch``, name, memory)
+answering for it. aiter is not installed here; where a test needs vLLM's aiter route it sets the two values vLLM reads
 (``_aiter_ops.IS_AITER_FOUND``, ``rocm_aiter_ops._AITER_ENABLED``) and replaces vLLM's ROCm indexer op by a
 recorder, since aiter's kernels cannot run here.
 """
@@ -207,8 +207,8 @@ def test_plugin_touches_only_its_platforms_module():
             "register()\n"
             "print('vllm.platforms.rocm' in sys.modules, hasattr(c._get_backend_priorities, plugin._WRAPPED_MARK))\n")
     rocm = ("import sys\n"
-            "from triton_mla_sparse.integrations.vllm import register, plugin, select\n"
-            "with select._rocm_platform_for('gfx950') as (platform, rocm):\n"
+            "from triton_mla_sparse.integrations.vllm import register, plugin, simulated_platform\n"
+            "with simulated_platform.rocm_platform_for('gfx950') as (platform, rocm):\n"
             "    assert 'vllm.platforms.cuda' not in sys.modules\n"
             "    register()\n"
             "    print('vllm.platforms.cuda' in sys.modules,\n"

@@ -233,7 +233,7 @@ def test_the_v41_layer_class(cuda_platform_module):
     from vllm.models.deepseek_v41.nvidia import flashinfer_sparse as fi
     from vllm.v1.attention.backends.mla.indexer import DeepseekV41IndexerBackend
 
-    from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
+    from triton_mla_sparse.integrations.vllm.simulated_platform import cuda_platform_for
 
     assert issubclass(cls.backend_cls, fi.DeepseekV4FlashInferMLASparseBackend)  # V4.1's builders and layout
     assert cls.backend_cls.get_name() == "FLASHINFER_MLA_SPARSE_DSV41"
@@ -242,6 +242,6 @@ def test_the_v41_layer_class(cuda_platform_module):
     # the pages V4.1's indexer cache takes on each GPU (64 tokens on SM 9.0: packed 128-token blocks cannot be split
     # for it), not FlashInfer's kernel's 128
     for capability, pages in (((8, 0), [128]), ((8, 6), [128]), ((9, 0), [64]), ((12, 0), [128])):
-        with _cuda_platform_for(cuda_platform_module, *capability, True):
+        with cuda_platform_for(cuda_platform_module, *capability, True):
             assert cls.backend_cls.get_supported_kernel_block_sizes() == pages, capability
             assert DeepseekV41IndexerBackend.get_supported_kernel_block_sizes() == pages, capability

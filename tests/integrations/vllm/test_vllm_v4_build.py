@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from triton_mla_sparse.integrations.vllm import plugin, policy, v4, v4_portable
-from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
+from triton_mla_sparse.integrations.vllm.simulated_platform import cuda_platform_for
 
 MODULES = {"DeepSeek-V4": "vllm.models.deepseek_v4.nvidia.model",
            "DeepSeek-V4.1": "vllm.models.deepseek_v41.nvidia.model"}
@@ -60,7 +60,7 @@ def checked(models, cuda_platform_module, monkeypatch):
     afterwards."""
     for name in (policy.DSV4_ENV, *OFF_ENV):
         monkeypatch.delenv(name, raising=False)
-    with _cuda_platform_for(cuda_platform_module, 9, 0, True):
+    with cuda_platform_for(cuda_platform_module, 9, 0, True):
         assert plugin.install_dsv4_check()
     yield models
     v4.uninstall()
@@ -71,7 +71,7 @@ def checked(models, cuda_platform_module, monkeypatch):
 def _select(cuda_mod, module, capability):
     from vllm.config import VllmConfig
 
-    with _cuda_platform_for(cuda_mod, *capability, True):
+    with cuda_platform_for(cuda_mod, *capability, True):
         return module._select_dsv4_attn_cls(VllmConfig())
 
 
@@ -222,7 +222,7 @@ def test_a_named_backend_is_vllms_choice(checked, cuda_platform_module, monkeypa
 
     monkeypatch.setattr(v4, "flashinfer_sm120_ready", lambda cfg, model: False)
     module = checked["DeepSeek-V4"]
-    with _cuda_platform_for(cuda_platform_module, 12, 0, True):
+    with cuda_platform_for(cuda_platform_module, 12, 0, True):
         cfg = VllmConfig()
         cfg.attention_config.backend = AttentionBackendEnum.FLASHINFER_MLA_SPARSE_DSV4
         assert module._select_dsv4_attn_cls(cfg).__name__ == "DeepseekV4FlashInferSM120Attention"
@@ -254,7 +254,7 @@ def test_no_change_where_vllms_path_runs(checked, cuda_platform_module, monkeypa
     got = _select(cuda_platform_module, module, capability)
     from vllm.config import VllmConfig
 
-    with _cuda_platform_for(cuda_platform_module, *capability, True):
+    with cuda_platform_for(cuda_platform_module, *capability, True):
         assert got is module._select_dsv4_attn_cls.__wrapped__(VllmConfig())
     assert got.__name__ == ("DeepseekV4FlashInferSM120Attention" if capability[0] == 12
                             else "DeepseekV4FlashMLAAttention")
@@ -296,7 +296,7 @@ def test_off_leaves_vllms_function_untouched(models, cuda_platform_module, monke
     v4.uninstall()
     originals = {model: module._select_dsv4_attn_cls for model, module in models.items()}
     monkeypatch.setenv(policy.DSV4_ENV, " OFF ")
-    with _cuda_platform_for(cuda_platform_module, 8, 6, True):
+    with cuda_platform_for(cuda_platform_module, 8, 6, True):
         assert plugin.install_dsv4_check() is False
         assert v4.install() is False
     assert v4.installed_modules() == {}
@@ -324,7 +324,7 @@ def test_a_bad_value_stops_register(monkeypatch, var):
 
 def test_install_is_idempotent(checked, cuda_platform_module):
     wrapped = {model: module._select_dsv4_attn_cls for model, module in checked.items()}
-    with _cuda_platform_for(cuda_platform_module, 9, 0, True):
+    with cuda_platform_for(cuda_platform_module, 9, 0, True):
         assert plugin.install_dsv4_check()
     for model, module in checked.items():
         assert module._select_dsv4_attn_cls is wrapped[model]
@@ -341,7 +341,7 @@ def fake_model(tmp_path, monkeypatch, cuda_platform_module):
         "    return ('picked', vllm_config)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
-    with _cuda_platform_for(cuda_platform_module, 9, 0, True):
+    with cuda_platform_for(cuda_platform_module, 9, 0, True):
         assert v4.install(mode="auto", modules={name: "DeepSeek-V4.1"})
     assert name not in sys.modules and v4.installed_modules() == {name: "DeepSeek-V4.1"}
     yield name
@@ -354,10 +354,10 @@ def test_a_module_imported_later_is_wrapped_on_import(fake_model, cuda_platform_
     module = importlib.import_module(fake_model)
     assert module._select_dsv4_attn_cls.__wrapped__.__module__ == fake_model
     monkeypatch.setenv(policy.INDEXER_ENV, "off")  # V4.1's indexer then stops the build on SM 8.6
-    with _cuda_platform_for(cuda_platform_module, 8, 6, True):
+    with cuda_platform_for(cuda_platform_module, 8, 6, True):
         with pytest.raises(ValueError, match="compute capability 8.6"):
             module._select_dsv4_attn_cls("cfg")
-    with _cuda_platform_for(cuda_platform_module, 10, 0, True):
+    with cuda_platform_for(cuda_platform_module, 10, 0, True):
         assert module._select_dsv4_attn_cls("cfg") == ("picked", "cfg")
 
 

@@ -190,7 +190,7 @@ def test_the_compressor_route_sends_vllms_call_to_its_triton_compressor(cutedsl_
 
     import vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache as fcq
 
-    from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
+    from triton_mla_sparse.integrations.vllm.simulated_platform import cuda_platform_for
 
     compressor, _, _, cutedsl_calls = cutedsl_modules
     monkeypatch.setenv(policy.DSV4_PORTABLE_ENV, mode)
@@ -198,7 +198,7 @@ def test_the_compressor_route_sends_vllms_call_to_its_triton_compressor(cutedsl_
     triton_calls = []
     monkeypatch.setattr(fcq, "compress_norm_rope_store_triton", lambda **kw: triton_calls.append(kw))
     kw = _compressor_kwargs()
-    with _cuda_platform_for(cuda_platform_module, *capability, True):
+    with cuda_platform_for(cuda_platform_module, *capability, True):
         assert v4_portable.cutedsl_route_wanted() == routed
         getattr(compressor, v4_portable.COMPRESSOR_KERNEL)(**dict(kw))
         if not routed:

@@ -16,7 +16,7 @@ from transformers import DeepseekV4Config
 
 import vllm.platforms.cuda as cuda_mod
 from triton_mla_sparse.integrations.vllm import register, v4_portable
-from triton_mla_sparse.integrations.vllm.select import _cuda_platform_for
+from triton_mla_sparse.integrations.vllm.simulated_platform import cuda_platform_for
 from triton_mla_sparse.integrations.vllm.v4_attention import triton_attention_cls
 
 d = tempfile.mkdtemp()
@@ -26,7 +26,7 @@ DeepseekV4Config(hidden_size=1024, num_attention_heads=8, q_lora_rank=256, o_lor
                  vocab_size=2048, max_position_embeddings=8192, architectures=["DeepseekV4ForCausalLM"],
                  torch_dtype="bfloat16", **QUANT).save_pretrained(d)
 register()
-with _cuda_platform_for(cuda_mod, *CAPABILITY, True):
+with cuda_platform_for(cuda_mod, *CAPABILITY, True):
     from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 

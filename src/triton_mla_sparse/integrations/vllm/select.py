@@ -21,7 +21,8 @@ the plugin), its ``get_valid_backends`` and the DSA indexer route (vLLM's ``forw
 name: ``vllm.platforms.rocm`` is imported with an ``amdsmi`` stand-in that reports the gfx name (vLLM reads it at
 import), its ``_GCN_ARCH`` and the ``_ON_*`` flags it derives from it are set for the target (re-derived with vLLM's
 own definitions), and vLLM's ROCm platform class answers device probes for it; aiter, like every package, answers
-for this host's installation (absent here: vLLM's aiter-only paths count as disabled).
+for this host's installation (absent here: vLLM's aiter-only paths count as disabled). The simulated platforms:
+:mod:`.simulated_platform`.
 
 The CLI wiring: :func:`add_arguments` on the ``select`` subparser, then :func:`run` with the parsed namespace
 (:func:`select_main` does both for an argv). This module imports vLLM inside functions only.
@@ -30,21 +31,17 @@ The CLI wiring: :func:`add_arguments` on the ``select`` subparser, then :func:`r
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
-import functools
-import inspect
 import json
-import logging
 import os
 import sys
 import tempfile
-import types
 import warnings
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from . import policy
+from .simulated_platform import cuda_platform_for, quiet_vllm_logs, rocm_platform_for
 
 # (parse_target and hip_targets are not listed: the old path, triton_mla_sparse.select, re-exports this list.)
 __all__ = ["MODELS", "ModelShape", "add_arguments", "run", "select_main", "evaluate", "parse_capability",
@@ -141,192 +138,6 @@ def _local_capability() -> tuple[int, int] | None:
     return None
 
 
-@contextlib.contextmanager
-def _quiet_vllm_logs():
-    lg = logging.getLogger("vllm")
-    old = lg.level
-    lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        lg.setLevel(old)
-
-
-@contextlib.contextmanager
-def _cuda_platform_for(cuda_mod, major: int, minor: int, simulate: bool):
-    """vLLM's current platform for the evaluation: the real one, or vLLM's CUDA platform class answering for
-    compute capability ``major.minor`` (installed as vLLM's current platform for the duration, then restored)."""
-    import vllm.platforms as platforms
-    from vllm.platforms.interface import DeviceCapability
-
-    if not simulate:
-        yield platforms.current_platform
-        return
-
-    class SimulatedCudaPlatform(cuda_mod.CudaPlatformBase):
-        @classmethod
-        def get_device_capability(cls, device_id: int = 0):
-            return DeviceCapability(major, minor)
-
-        @classmethod
-        def get_device_name(cls, device_id: int = 0) -> str:
-            return f"simulated NVIDIA GPU SM {major}.{minor}"
-
-        @classmethod
-        def get_device_total_memory(cls, device_id: int = 0) -> int:
-            return 80 << 30
-
-        @classmethod
-        def is_fully_connected(cls, device_ids) -> bool:
-            return True
-
-    sim = SimulatedCudaPlatform()
-    # Importing a backend module may run GPU code at import time (CUTLASS_MLA allocates a workspace on SM100):
-    # on this host that fails with a RuntimeError, which vLLM's loop (catching ImportError/OSError) would not
-    # record as a rejection reason. Turn it into an ImportError naming the cause.
-    get_class = cuda_mod._get_attn_backend_class
-
-    def _get_attn_backend_class(backend):
-        try:
-            return get_class(backend)
-        except (ImportError, OSError):
-            raise
-        except Exception as e:
-            raise ImportError(f"not importable on this host ({type(e).__name__}: {str(e)[:80]})") from e
-
-    cuda_mod._get_attn_backend_class = _get_attn_backend_class
-    try:
-        with _current_platform_as(sim):
-            yield sim
-    finally:
-        cuda_mod._get_attn_backend_class = get_class
-
-
-@contextlib.contextmanager
-def _current_platform_as(sim: Any):
-    """vLLM's current platform replaced by ``sim`` for the duration, in vLLM and in every module that bound it."""
-    import vllm.platforms as platforms
-
-    old = platforms.current_platform
-    for m in list(sys.modules.values()):  # modules that bound `current_platform` when they were imported
-        if getattr(m, "current_platform", None) is old:
-            m.current_platform = sim
-    platforms._current_platform = sim
-    try:
-        yield sim
-    finally:
-        platforms._current_platform = old
-        for m in list(sys.modules.values()):  # incl. modules first imported during the evaluation
-            if getattr(m, "current_platform", None) is sim:
-                m.current_platform = old
-
-
-def _amdsmi_stand_in(gfx: str) -> types.ModuleType:
-    """An ``amdsmi`` that reports one GPU of ``gfx``: what ``vllm.platforms.rocm`` queries at import, on a host
-    without ROCm (the simulated platform answers the other device probes itself)."""
-    mod = types.ModuleType("amdsmi", f"triton-mla-sparse stand-in: one simulated {gfx}")
-
-    class AmdSmiException(Exception):
-        pass
-
-    mod.AmdSmiException = AmdSmiException
-    mod.AmdSmiMemoryType = types.SimpleNamespace(VRAM=0)
-    mod.amdsmi_init = mod.amdsmi_shut_down = lambda *args, **kwargs: None
-    mod.amdsmi_get_processor_handles = lambda: [0]
-    mod.amdsmi_get_gpu_asic_info = lambda handle: {"target_graphics_version": gfx, "device_id": "",
-                                                   "market_name": f"simulated AMD GPU {gfx}"}
-    mod.amdsmi_get_gpu_memory_total = lambda handle, kind: 192 << 30
-    mod.amdsmi_get_gpu_device_uuid = lambda handle: ""
-    mod.amdsmi_topo_get_link_type = lambda a, b: {"hops": 1, "type": 2}
-    mod.amdsmi_topo_get_numa_node_number = lambda handle: 0
-    return mod
-
-
-def _rocm_platform_module(gfx: str) -> types.ModuleType:
-    """``vllm.platforms.rocm``; imported here when needed, on a host that is not a ROCm GPU with vLLM's import-time
-    query (``_get_gcn_arch``: amdsmi, then HIP) answered by :func:`_amdsmi_stand_in`."""
-    mod = sys.modules.get("vllm.platforms.rocm")
-    if mod is not None:
-        return mod
-    from vllm.platforms import current_platform
-
-    if current_platform.is_rocm():
-        import vllm.platforms.rocm as mod
-
-        return mod
-    saved = sys.modules.get("amdsmi")
-    sys.modules["amdsmi"] = _amdsmi_stand_in(gfx)
-    try:
-        import vllm.platforms.rocm as mod
-    finally:
-        if saved is None:
-            del sys.modules["amdsmi"]
-        else:
-            sys.modules["amdsmi"] = saved
-    return mod
-
-
-@functools.lru_cache(maxsize=None)
-def _gcn_flag_code(rocm: types.ModuleType) -> tuple[Any, tuple[str, ...]]:
-    """vLLM's own module-level ``_ON_* = ...`` definitions (flags derived from ``_GCN_ARCH``), compiled."""
-    tree = ast.parse(inspect.getsource(rocm))
-    body = [n for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
-            and isinstance(n.targets[0], ast.Name) and n.targets[0].id.startswith("_ON_")]
-    code = compile(ast.Module(body=body, type_ignores=[]), rocm.__file__, "exec")
-    return code, tuple(n.targets[0].id for n in body)
-
-
-def _gcn_flags(rocm: types.ModuleType, gfx: str) -> dict[str, Any]:
-    """The values of vLLM's ``_ON_*`` flags for a GPU whose ``_GCN_ARCH`` is ``gfx``."""
-    code, names = _gcn_flag_code(rocm)
-    namespace: dict[str, Any] = {"_GCN_ARCH": gfx}
-    exec(code, namespace)
-    return {name: namespace[name] for name in names}
-
-
-@contextlib.contextmanager
-def _rocm_platform_for(gfx: str, simulate: bool = True):
-    """(vLLM's current platform, ``vllm.platforms.rocm``) for the evaluation of ``gfx``: the real ones, or vLLM's
-    ROCm platform class answering for ``gfx`` with the module's ``_GCN_ARCH`` and ``_ON_*`` flags set for it
-    (installed as vLLM's current platform for the duration, then all restored)."""
-    from vllm.platforms.interface import DeviceCapability
-
-    rocm = _rocm_platform_module(gfx)
-    if not simulate:
-        import vllm.platforms as platforms
-
-        yield platforms.current_platform, rocm
-        return
-
-    class SimulatedRocmPlatform(rocm.RocmPlatform):
-        @classmethod
-        def get_device_capability(cls, device_id: int = 0):
-            return DeviceCapability(*rocm._capability_from_gcn_arch(rocm._GCN_ARCH))  # vLLM's derivation
-
-        @classmethod
-        def get_device_name(cls, device_id: int = 0) -> str:
-            return f"simulated AMD GPU {gfx}"
-
-        @classmethod
-        def get_device_total_memory(cls, device_id: int = 0) -> int:
-            return 192 << 30
-
-        @classmethod
-        def is_fully_connected(cls, physical_device_ids) -> bool:
-            return True
-
-    values = {"_GCN_ARCH": gfx, **_gcn_flags(rocm, gfx)}
-    saved = {name: getattr(rocm, name) for name in values}
-    for name, value in values.items():
-        setattr(rocm, name, value)
-    try:
-        with _current_platform_as(SimulatedRocmPlatform()) as sim:
-            yield sim, rocm
-    finally:
-        for name, value in saved.items():
-            setattr(rocm, name, value)
-
-
 def _model_config(shape: ModelShape, dtype: str, tmp: str) -> Any:
     """A real vLLM ModelConfig for ``shape``, from a config.json written with transformers' config class."""
     from transformers import CONFIG_MAPPING
@@ -376,7 +187,7 @@ def _evaluate_vllm(report: dict, shape: ModelShape, major: int, minor: int, simu
                                f"only --attention-backend {policy.BACKEND_NAME} selects it")
     cap = DeviceCapability(major, minor)
     heads = shape.num_heads // tp
-    with _cuda_platform_for(cuda_mod, major, minor, simulate) as platform, tempfile.TemporaryDirectory() as tmp:
+    with cuda_platform_for(cuda_mod, major, minor, simulate) as platform, tempfile.TemporaryDirectory() as tmp:
         vllm_config = _vllm_config(shape, dtype, tp, kv_cache_dtype, block_size, tmp, dcp)
         with set_current_vllm_config(vllm_config):
             selector = AttentionSelectorConfig(
@@ -458,7 +269,7 @@ def _evaluate_vllm_rocm(report: dict, shape: ModelShape, gfx: str, simulate: boo
         raise ValueError(f"--kv-cache-dtype: {kv_cache_dtype!r} is not a vLLM kv-cache dtype")
     plugin.register()
     heads = shape.num_heads // tp
-    with _rocm_platform_for(gfx, simulate) as (platform, rocm), tempfile.TemporaryDirectory() as tmp:
+    with rocm_platform_for(gfx, simulate) as (platform, rocm), tempfile.TemporaryDirectory() as tmp:
         if not plugin.install_priority_hook(rocm, "rocm"):
             report["notes"].append(f"{policy.BACKEND_NAME} is not in vLLM's priority list "
                                    f"({policy.PRIORITY_ENV}={policy.priority_mode()} or an unexpected vLLM "
@@ -578,7 +389,7 @@ def _try_vllm(report: dict, use_vllm: bool, run_vllm) -> bool:
     """Run vLLM's evaluation into ``report``; False (with a note) when it cannot run here."""
     if use_vllm and report["vllm_version"] is not None:
         try:
-            with _quiet_vllm_logs(), warnings.catch_warnings():
+            with quiet_vllm_logs(), warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 warnings.simplefilter("ignore", DeprecationWarning)
                 run_vllm()
