@@ -1,4 +1,4 @@
-"""A/B timing of the split select's chunk / step / tail sizes inside ``indexer_topk`` on decode rows (graph-replay
+"""A/B timing of the split select's chunk / step / tail sizes and per-position claims inside ``indexer_topk`` on decode rows (graph-replay
 medians, µs) for whichever source tree is on PYTHONPATH; trees that lack a field skip the variants that set it.
 Behind benchmarks/results/ab-h200-2026-12-03-select.txt (session 16), ab-h200-2026-12-03-fused.txt (session 19,
 the fused variants) and ab-h200-2026-12-04-atomic.txt (session 21, per-position claims; benchmarks/NOTES.md):
@@ -27,7 +27,7 @@ from triton_mla_sparse.ops.topk import split_select as K
 tag = sys.argv[1]
 dev = torch.device("cuda")
 TOPK = 2048
-VARIANTS = {  # (split_chunk, split_block, split_tail)
+VARIANTS = {  # SelectConfig fields: split_chunk, split_block, split_tail, split_atomic (and fused: a patch's)
     "c8192 b1024": dict(split_chunk=8192, split_block=1024),
     "c8192 b1024 t1024": dict(split_chunk=8192, split_block=1024, split_tail=1024),
     "c8192 b1024 t512": dict(split_chunk=8192, split_block=1024, split_tail=512),

@@ -25,13 +25,13 @@ def _cfg(chunk: int, block: int, bound: bool, min_chunks: int, tail: int = 1024,
                         bound=bound, bound_min_chunks=min_chunks)
 
 
-@pytest.mark.parametrize("tail,atomic", ((4, 0), (1024, 64)))
+@pytest.mark.parametrize("tail,atomic", ((4, 0), (4, 1 << 14), (1024, 64)))
 def test_select_kernel_special_values(tail, atomic):
     """The split selection alone on crafted rows: ±0, +inf, huge and tiny magnitudes, negatives, many ties, a row
     of equal values (its whole width in one histogram bin); ``tail`` 4: boundary bins of more keys than the last
     program's step (read again per radix pass), 1024: every bin read once into registers; ``atomic`` 0: every
-    slot claimed by a step's block scan, 64: per position in the rows whose boundary bin holds fewer keys (the
-    rows of ties keep the scan)."""
+    slot claimed by a step's block scan, 2^14: every slot claimed per position, 64: per position in the rows whose
+    boundary bin holds fewer keys (the rows of ties keep the scan)."""
     rows = [
         [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, 3e38, -3e38, 1e-40, -1e-40],
         [-5.0] * 7 + [-math.inf] * 3,
@@ -68,18 +68,22 @@ def test_split_select_rejects_bad_chunks():
     big_block = _cfg(32768, 32768, False, 1)  # two of its counts would not fit one int32
     not_pow2 = _cfg(384, 128, True, 1)
     bad_tail = _cfg(128, 32, True, 1, tail=48)
+    bad_atomic = _cfg(128, 32, True, 1, atomic=-1)
 
     x = torch.arange(100, dtype=torch.float32, device=DEVICE)[None]
     for cfg, match in ((bad, "multiple of split_block"), (big_block, "split_block .32768. must be a power of 2 up to"),
-                       (not_pow2, "must be a power of 2"), (bad_tail, "split_tail .48. must be a power of 2")):
+                       (not_pow2, "must be a power of 2"), (bad_tail, "split_tail .48. must be a power of 2"),
+                       (bad_atomic, "^split_atomic: expected an int >= 0")):
         with pytest.raises(ValueError, match=match):
             launch_split_select(x, torch.empty(1, 10, dtype=torch.int32, device=DEVICE), 10, cfg)
 
 
-def test_bound_with_a_partial_last_chunk():
+@pytest.mark.parametrize("atomic", (0, 1 << 14))
+def test_bound_with_a_partial_last_chunk(atomic):
     """The bound pass's last chunk runs past the row (masked positions are not candidates): a falling row whose
-    short last chunk holds only small logits still selects the first positions."""
-    cfg = _cfg(128, 32, True, 1)
+    short last chunk holds only small logits still selects the first positions (slots claimed by block scans, or
+    per position)."""
+    cfg = _cfg(128, 32, True, 1, atomic=atomic)
 
     x = torch.cat([-1 - torch.arange(128) / 128, torch.full((72,), -10.0)])[None].repeat(2, 1)
     x[1, 128:] = -math.inf
@@ -90,14 +94,15 @@ def test_bound_with_a_partial_last_chunk():
         assert out.cpu().sort(1).values.tolist() == [list(range(topk))] * 2, topk
 
 
-def test_select_nan_ranks_highest_like_the_reference():
+@pytest.mark.parametrize("atomic", (0, 1 << 14))
+def test_select_nan_ranks_highest_like_the_reference(atomic):
     """A NaN logit (only non-finite inputs produce one) ranks above every number, whatever its sign bit, in both
     selections, as in torch.topk / the reference; -inf is never selected."""
     neg_nan = torch.tensor([-math.nan]).view(torch.int32)[0].item() | (1 << 31)
     nan_neg = torch.tensor([neg_nan], dtype=torch.int32).view(torch.float32)[0].item()
     x = torch.tensor([[1.0, math.nan, 2.0, -math.inf, nan_neg, 0.5]], dtype=torch.float32, device=DEVICE)
 
-    cfg = _cfg(128, 32, True, 1)
+    cfg = _cfg(128, 32, True, 1, atomic=atomic)
 
     for topk in (2, 4, 6):
         want = [1, 4, 2, 0, 5][:topk]  # the candidates (all but the -inf at 3), largest first: NaNs, 2, 1, 0.5
@@ -124,7 +129,7 @@ def test_topk_bound_counts_enough(topk):
     """The split select's bound pass: per group size, the chunks all of whose groups hold a candidate take part;
     the bound the histogram counts from has at least min(topk, candidates) logits at or above it; on iid rows and
     small top-k it excludes most of the row (or the pass would be useless); the selection stays exact."""
-    cfg = _cfg(256, 64, True, 8, atomic=1 << 14)  # slots claimed per position (the special-values test: by scans)
+    cfg = _cfg(256, 64, True, 8, atomic=1 << 14)  # every slot claimed per position
 
     g = torch.Generator().manual_seed(topk)
     L = 2048

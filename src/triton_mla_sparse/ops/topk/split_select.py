@@ -239,13 +239,13 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
                               CHUNK: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr, NB: tl.constexpr,
                               NREP: tl.constexpr, ATOMIC: tl.constexpr):
     """Split select, step 2 (one program per row and chunk), from step 1's threshold bin b: every program writes
-    the positions of its counted candidates above b straight into the output (slots claimed with an atomic
-    counter: one claim per position where b holds fewer than ``ATOMIC`` keys, else one per step for the step's
-    positions, ranked by a block scan) and those in b into the row's boundary buffer. The row's last program to
-    finish (an acq_rel counter)
-    then takes the largest ``need - above(b)`` boundary keys by a radix select on the bits below the bin (up to 3
-    passes; a boundary bin of at most ``TAIL`` keys, the usual case, is read once and resolved in registers),
-    appends them, and pads the rest of the row with -1."""
+    the positions of its counted candidates above b straight into the output and those in b into the row's
+    boundary buffer, claiming slots from two atomic counters: per position where b holds fewer than ``ATOMIC``
+    keys, else per step for the step's positions, ranked by a block scan (``ATOMIC`` 0: always per step; the
+    per-position branch is still built). The row's last program to finish (an acq_rel counter) then takes the
+    largest ``need - above(b)`` boundary keys by a radix select on the bits below the bin (up to 3 passes; a
+    boundary bin of at most ``TAIL`` keys, the usual case, is read once and resolved in registers), appends them,
+    and pads the rest of the row with -1."""
     pid = tl.program_id(0)
     i_t = (pid // n_chunks).to(tl.int64)
     p_start = (pid % n_chunks) * CHUNK
@@ -363,11 +363,10 @@ def launch_split_select(logits: torch.Tensor, out: torch.Tensor, topk: int, cfg:
     counting the candidates at or above the bound, then a pass that writes the rows' positions above the threshold
     bin and resolves the boundary bin. ``cfg.split_chunk`` / ``cfg.split_block`` / ``cfg.split_tail``: positions per
     program / per step / boundary keys per step of a row's last program, powers of two (block and tail at most
-    ``MAX_SPLIT_BLOCK``); ``cfg.split_atomic``: rows whose boundary bin holds fewer keys claim their output and
-    boundary slots per position (atomics) rather than per step (block scans); ``cfg.select`` is not read. Returns
-    the workspace
-    ``(ws, buf)`` (for inspection), or None for no rows. ``ws``: a zeroed int32 [T, WS_WIDTH] workspace (e.g. zeroed
-    by the logits launch); None: a new one.
+    ``MAX_SPLIT_BLOCK``); ``cfg.split_atomic`` (an int >= 0): rows whose boundary bin holds fewer keys claim their
+    output and boundary slots per position (atomics) rather than per step (block scans); ``cfg.select`` is not
+    read. Returns the workspace ``(ws, buf)`` (for inspection), or None for no rows. ``ws``: a zeroed int32
+    [T, WS_WIDTH] workspace (e.g. zeroed by the logits launch); None: a new one.
     """
     import torch
 
@@ -382,6 +381,9 @@ def launch_split_select(logits: torch.Tensor, out: torch.Tensor, topk: int, cfg:
         raise ValueError(f"split_tail ({cfg.split_tail}) must be a power of 2 up to {MAX_SPLIT_BLOCK}")
     if chunk < block or chunk & (chunk - 1):
         raise ValueError(f"split_chunk ({chunk}) must be a power of 2 and a multiple of split_block ({block})")
+    if isinstance(cfg.split_atomic, bool) or not isinstance(cfg.split_atomic, int) or cfg.split_atomic < 0:
+        raise ValueError(f"split_atomic: expected an int >= 0 (a boundary-bin size in keys), got "
+                         f"{cfg.split_atomic!r}")
     if cfg.bound and chunk < BOUND_GROUP * 8:
         raise ValueError(f"split_chunk ({chunk}) must be at least {BOUND_GROUP * 8} with the bound pass")
     n_chunks = max(1, triton.cdiv(L, chunk))
