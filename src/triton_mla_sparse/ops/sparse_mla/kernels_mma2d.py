@@ -113,6 +113,7 @@ def _refill_d(t_nx, idx_nx, n_tiles, i_t, n_start, n_end, n_row, n_pad, kv_ptr, 
     when the range has it, one commit group either way (so the waits count steps); returns tile ``t_nx + 1``'s
     slot ids."""
     ROW: gl.constexpr = gl.SliceLayout(1, _gather_layout(8, gl.num_warps()))
+    # (no extra cache in this kernel: _ids_at's extra-cache arguments are this cache's, unread)
     idx_next = _ids_at(n_start + (t_nx + 1) * BLOCK_N, i_t, n_end, n_row, n_pad, kv_ptr, idx_ptr, stride_idx_t,
                        stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, kv_ptr, idx_ptr,
                        stride_idx_t, stride_idx_k, num_slots, block_size, stride_kv_blk, stride_kv_row, BLOCK_N, ROW,

@@ -233,6 +233,14 @@ def _emit(key, pos, m_j, tau, left, eq_seen, base, p_o, stride_o_k, topk):
     return base + tl.sum(sel_i, 0), eq_seen + tl.sum(is_eq.to(tl.int32), 0)
 
 
+@triton.jit
+def _step_keys(p_x, stride_x_p, o_p, p_end, any_gt, key_gt, key_eq):
+    """A select step's positions ``o_p`` (those from ``p_end`` on absent): which are above the threshold bin
+    (:func:`_bin_keys`' bounds) and which are taken (above it or in it: ``key_gt >= key_eq``)."""
+    key = _sortable_key32(tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end, other=float("-inf")))
+    return (key >= key_gt) & any_gt, key >= key_eq
+
+
 @triton.jit(do_not_specialize=["L", "topk", "n_chunks"])
 def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, stride_x_p, stride_o_t, stride_o_k,
                               stride_w_t, stride_b_t, L, topk, n_chunks,
@@ -271,20 +279,14 @@ def _topk_split_select_kernel(x_ptr, out_ptr, ws_ptr, buf_ptr, stride_x_t, strid
         ones = tl.full([BLOCK], 1, dtype=tl.int32)
         for p0 in range(p_start, p_end, BLOCK):
             o_p = p0 + o_b
-            key = _sortable_key32(tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end,
-                                          other=float("-inf")))
-            gt = (key >= key_gt) & any_gt
-            taken = key >= key_eq
+            gt, taken = _step_keys(p_x, stride_x_p, o_p, p_end, any_gt, key_gt, key_eq)
             slot = tl.atomic_add(tl.where(gt, p_s + _CNT_GT, p_s + _CNT_EQ), ones, mask=taken, sem="relaxed")
             dst = tl.where(gt, p_o + slot.to(tl.int64) * stride_o_k, p_buf + slot.to(tl.int64))
             tl.store(dst, o_p, mask=taken)
     else:
         for p0 in range(p_start, p_end, BLOCK):
             o_p = p0 + o_b
-            key = _sortable_key32(tl.load(p_x + o_p.to(tl.int64) * stride_x_p, mask=o_p < p_end,
-                                          other=float("-inf")))
-            gt = (key >= key_gt) & any_gt
-            taken = key >= key_eq  # above the bin or in it (key_gt >= key_eq)
+            gt, taken = _step_keys(p_x, stride_x_p, o_p, p_end, any_gt, key_gt, key_eq)
             # gt counted in the low 16 bits, those in the bin above (a block holds at most 2^14 positions, so
             # neither half overflows): one sum claims both counters (their round trips overlap), one scan ranks both
             both = tl.where(gt, 1, tl.where(taken, 65536, 0))
