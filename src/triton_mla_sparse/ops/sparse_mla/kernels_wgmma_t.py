@@ -60,47 +60,68 @@ def _deq_layout(w, num_warps):
     return gl.BlockedLayout([1, 16], [32 * 16 // w, w // 16], [num_warps, 1], [1, 0])
 
 
+@constexpr_function
+def _deq_scale_layout(w, num_warps):
+    """A tile's four chunk scales per row, the rows over the threads as in :func:`_deq_layout`."""
+    return gl.BlockedLayout([1, 4], [32 * 16 // w, w // 16], [num_warps, 1], [1, 0])
+
+
 @gluon.jit
-def _dequant_chunk_t(raw_s, sc_s, deq_s, st, C: gl.constexpr, W: gl.constexpr, SW_FP8: gl.constexpr):
+def _tile_scales(sc_s, st, FMT: gl.constexpr, PRE: gl.constexpr):
+    """With ``PRE`` (fp8_ds_mla): stage ``st``'s ``[rows, 4]`` chunk scales in registers, read once for the four
+    chunks of a tile (each chunk reading them again cost ~0.5-1 us at 8-16 heads); otherwise 0, unused."""
+    if PRE:
+        gl.static_assert(FMT == 2, "the chunk scales of fp8_ds_mla")
+        return sc_s.index(st).load(_deq_scale_layout(DEQ_W, gl.num_warps()))
+    else:
+        return 0.0
+
+
+@gluon.jit
+def _dequant_chunk_t(raw_s, sc_s, sc_t, deq_s, st, C: gl.constexpr, W: gl.constexpr, SW_FP8: gl.constexpr,
+                     PRE: gl.constexpr):
     """fp8_ds_mla: the 128 columns of latent chunk ``C`` of stage ``st``, e4m3 bytes x their row's chunk scale, into
-    the bf16 tile ``deq_s`` (exact values), ``W`` columns at a time (few values live at once)."""
+    the bf16 tile ``deq_s`` (exact values), ``W`` columns at a time (few values live at once); the scales from
+    ``sc_t`` with ``PRE`` (:func:`_tile_scales`), else read here."""
     L8: gl.constexpr = _deq_layout(W, gl.num_warps())
-    LQ: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 16 // W, W // 16], [gl.num_warps(), 1], [1, 0])
+    LQ: gl.constexpr = _deq_scale_layout(W, gl.num_warps())
     o_s = gl.arange(0, 4, gl.SliceLayout(0, LQ))
-    sc_c = gl.convert_layout(gl.sum(gl.where(o_s[None, :] == C, sc_s.index(st).load(LQ), 0.0), 1),
-                             gl.SliceLayout(1, L8))
+    if not PRE:
+        sc_t = sc_s.index(st).load(LQ)
+    sc_c = gl.convert_layout(gl.sum(gl.where(o_s[None, :] == C, sc_t, 0.0), 1), gl.SliceLayout(1, L8))
     for p in gl.static_range(128 // W):
         raw = raw_s.index(st).slice(C * 128 + p * W, W, dim=1).load(L8)
         deq_s.slice(C * 128 + p * W, W, dim=1).store((_e4m3_to_f32(raw, SW_FP8) * sc_c[:, None]).to(deq_s.dtype))
 
 
 @gluon.jit
-def _dequant_chunk_any(raw_s, sc_s, rope_s, deq_s, st, C: gl.constexpr, FMT: gl.constexpr, SW_FP8: gl.constexpr):
+def _dequant_chunk_any(raw_s, sc_s, sc_t, rope_s, deq_s, st, C: gl.constexpr, FMT: gl.constexpr,
+                       SW_FP8: gl.constexpr, PRE: gl.constexpr):
     """Latent chunk ``C`` of stage ``st`` dequantised into ``deq_s``: fp8_ds_mla (:func:`_dequant_chunk_t`) or
     DeepSeek-V4 pages (:func:`.kernels_mma2._dequant_chunk_v4`)."""
     if FMT == 3:
         _dequant_chunk_v4(raw_s, sc_s, rope_s, deq_s, st, C, SW_FP8)
     else:
-        _dequant_chunk_t(raw_s, sc_s, deq_s, st, C, DEQ_W, SW_FP8)
+        _dequant_chunk_t(raw_s, sc_s, sc_t, deq_s, st, C, DEQ_W, SW_FP8, PRE)
 
 
 @gluon.jit
 def _dequant_tile_t(raw_s, sc_s, rope_s, deq_s, st, FMT: gl.constexpr, SW_FP8: gl.constexpr):
     """:func:`_dequant_chunk_any` for the whole tile."""
     for c in gl.static_range(LATENT // 128):
-        _dequant_chunk_any(raw_s, sc_s, rope_s, deq_s, st, c, FMT, SW_FP8)
+        _dequant_chunk_any(raw_s, sc_s, 0.0, rope_s, deq_s, st, c, FMT, SW_FP8, False)
 
 
 @gluon.jit
-def _dequant_after_pv(acc, YOUNGER: gl.constexpr, more, raw_s, sc_s, rope_s, deq_s, st, C: gl.constexpr,
-                      FMT: gl.constexpr, SW_FP8: gl.constexpr):
+def _dequant_after_pv(acc, YOUNGER: gl.constexpr, more, raw_s, sc_s, sc_t, rope_s, deq_s, st, C: gl.constexpr,
+                      FMT: gl.constexpr, SW_FP8: gl.constexpr, PRE: gl.constexpr):
     """The overlap loop's step for latent chunk ``C``: wait for this tile's output MMA of the chunk (``YOUNGER``
     MMAs issued after it may still run), then — once every warp's is done, so no MMA still reads those columns —
     dequantise chunk ``C`` of the next tile (stage ``st``) into them, if there is one. Returns the accumulator."""
     acc = hopper.warpgroup_mma_wait(YOUNGER, deps=[acc])
     _barrier()
     if more:
-        _dequant_chunk_any(raw_s, sc_s, rope_s, deq_s, st, C, FMT, SW_FP8)
+        _dequant_chunk_any(raw_s, sc_s, sc_t, rope_s, deq_s, st, C, FMT, SW_FP8, PRE)
     return acc
 
 
@@ -311,7 +332,9 @@ def _sparse_mla_fwd_wgmma_t(
 
     if FMT >= 2 and OVERLAP:
         # fp8_ds_mla / V4 pages, software-pipelined: tile t + 1 is dequantised chunk by chunk while the output MMAs of
-        # tile t run, each chunk once the MMA that reads those columns of tile t is done
+        # tile t run, each chunk once the MMA that reads those columns of tile t is done; fp8_ds_mla's scales read
+        # once a tile up to 16 heads (32-head blocks, at 255 registers, spill with them held)
+        PRE: gl.constexpr = FMT == 2 and BLOCK_H <= 16
         _ac.wait_group(STAGES - 2)
         _barrier()  # tile 0 visible to every warp
         idx_t = idx_nx
@@ -359,10 +382,11 @@ def _sparse_mla_fwd_wgmma_t(
             b_a0, b_a1, b_a2, b_a3 = _pv_all_t(k_t, p_t, b_alpha, b_a0, b_a1, b_a2, b_a3)
             more = t + 1 < n_tiles
             st1 = (t + 1) % STAGES
-            b_a0 = _dequant_after_pv(b_a0, 3, more, raw_s, sc_s, rope_s, k_t, st1, 0, FMT, SW_FP8)
-            b_a1 = _dequant_after_pv(b_a1, 2, more, raw_s, sc_s, rope_s, k_t, st1, 1, FMT, SW_FP8)
-            b_a2 = _dequant_after_pv(b_a2, 1, more, raw_s, sc_s, rope_s, k_t, st1, 2, FMT, SW_FP8)
-            b_a3 = _dequant_after_pv(b_a3, 0, more, raw_s, sc_s, rope_s, k_t, st1, 3, FMT, SW_FP8)
+            sc_t = _tile_scales(sc_s, st1, FMT, PRE)  # while the output MMAs run (past the last tile: unused)
+            b_a0 = _dequant_after_pv(b_a0, 3, more, raw_s, sc_s, sc_t, rope_s, k_t, st1, 0, FMT, SW_FP8, PRE)
+            b_a1 = _dequant_after_pv(b_a1, 2, more, raw_s, sc_s, sc_t, rope_s, k_t, st1, 1, FMT, SW_FP8, PRE)
+            b_a2 = _dequant_after_pv(b_a2, 1, more, raw_s, sc_s, sc_t, rope_s, k_t, st1, 2, FMT, SW_FP8, PRE)
+            b_a3 = _dequant_after_pv(b_a3, 0, more, raw_s, sc_s, sc_t, rope_s, k_t, st1, 3, FMT, SW_FP8, PRE)
             hopper.fence_async_shared()
             _barrier()  # tile t + 1 dequantised; every warp done with the probabilities of tile t
     else:
