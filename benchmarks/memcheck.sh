@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU tier's `memcheck` cases (tests/gpu/test_gpu_reliability.py: garbage indices against buffers that end their
 # allocations) under compute-sanitizer's memcheck tool. On the GPU machine, from the repository root, with $OUT set:
-#   bash benchmarks/memcheck.sh
+#   TMS_COMMIT=<sha> bash benchmarks/memcheck.sh
 # Writes the whole output (versions, pytest, the sanitizer's report ending in "ERROR SUMMARY: N errors") to
 # $OUT/memcheck.txt. Exit status 0 only when the sanitizer reports 0 errors AND the cases ran (none skipped).
 #
@@ -40,7 +40,9 @@ fi
 
 {
     echo "== memcheck run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    if git rev-parse --short HEAD >/dev/null 2>&1; then
+    if [ -n "${TMS_COMMIT:-}" ]; then  # the GPU machine's copy carries stale git metadata: name the commit
+        echo "commit: $TMS_COMMIT (TMS_COMMIT)"
+    elif git rev-parse --short HEAD >/dev/null 2>&1; then
         echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src tests || echo ' (with local changes)')"
     fi
     nvidia-smi -L 2>&1 || true

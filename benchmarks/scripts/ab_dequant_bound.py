@@ -1,8 +1,8 @@
 """A/B timing behind benchmarks/results/ab-h200-2026-12-04-dequant-bound.txt (session 22, benchmarks/NOTES.md): how
 fast the sm90 fp8_ds_mla decode kernel (wgmma_t) could be with a cheaper dequantisation, or none. Three copies of
-src: as committed (``base``), and with ``ab_dequant_bound.patch``'s two variants of ``_dequant_chunk_t`` — ``cvt``
-(one ``cvt.rn.f16x2.e4m3x2`` per two values, no scale: the arithmetic floor of any float16-tile variant) and
-``nodq`` (no dequantisation pass at all). Both variants compute wrong outputs on purpose; only their times count:
+src at eb8de95: as committed there (``base``), with ``ab_dequant_bound_cvt.patch`` (``cvt``: one
+``cvt.rn.f16x2.e4m3x2`` per two values, no scale: the arithmetic floor of any float16-tile variant) and with
+``ab_dequant_bound_nodq.patch`` (``nodq``: no dequantisation pass at all). Both variants compute wrong outputs on purpose; only their times count:
 
     for t in base cvt nodq; do PYTHONPATH=<copies>/$t/src python benchmarks/scripts/ab_dequant_bound.py $t; done"""
 import statistics

@@ -1,7 +1,8 @@
 """A/B timing behind benchmarks/results/ab-h200-2026-12-04-wgmma_t-scales.txt (session 22, benchmarks/NOTES.md):
 graph-replay µs of decode at B = 64 (fp8_ds_mla and bf16, 8 and 16 heads) for whichever source tree is on
 PYTHONPATH, and with a second argument the largest error of fp8_ds_mla h16 against the reference (pow2 and float32
-scales). Trees: eb8de95 and its variants in ``ab_wgmma_t_sc.patch``, one process each, in turn:
+scales). Trees, one process each, in turn: eb8de95 (``base``); ``sc1``, the tile's chunk scales read once (a draft
+of 45c15a7 whose 16-head build has 45c15a7's PTX); ``ids``, ``pre``, ``scl``: ``ab_wgmma_t_{ids,pre,scl}.patch``:
 
     PYTHONPATH=<tree>/src python benchmarks/scripts/ab_wgmma_t_sc.py <tag> [err]"""
 import statistics

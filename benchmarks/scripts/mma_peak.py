@@ -62,7 +62,8 @@ def main() -> None:
               f"wgmma in PTX: {'wgmma' in ptx}, mma.sync: {'mma.sync' in ptx})", flush=True)
         best = max(best or 0.0, tflops)
     ms = triton.testing.do_bench(lambda: torch.matmul(a, b, out=c))
-    print(f"{tag} best {best:.1f} TFLOPS; torch.matmul (cuBLAS) {2 * n ** 3 / ms / 1e9:.1f} TFLOPS")
+    text = "no configuration compiled" if best is None else f"{best:.1f} TFLOPS"
+    print(f"{tag} best {text}; torch.matmul (cuBLAS) {2 * n ** 3 / ms / 1e9:.1f} TFLOPS")
 
 
 if __name__ == "__main__":
